@@ -1,0 +1,53 @@
+"""Checkpoints: model weights, optimizer state and progress, written atomically (temp file + rename)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import mindspore as ms
+from mindspore import nn
+
+META_PREFIX = "meta."  # progress values (epoch, run id) stored beside the tensors
+
+
+def state_of(model: nn.Cell, optimizer: nn.Optimizer | None = None) -> list[dict[str, Any]]:
+    """Named tensors to save: every model parameter, then the optimizer's own state (moments, step counter)."""
+    entries = [{"name": p.name, "data": p} for p in model.get_parameters()]
+    if optimizer is not None:
+        model_names = {e["name"] for e in entries}
+        entries += [{"name": p.name, "data": p} for p in optimizer.get_parameters()
+                    if p.name not in model_names and p.name != "learning_rate"]
+    return entries
+
+
+def save(path: Path, model: nn.Cell, optimizer: nn.Optimizer | None = None,
+         meta: Mapping[str, int | float | str] | None = None) -> Path:
+    """Write `path` atomically: a crash mid-write leaves the previous file intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.ckpt")  # MindSpore appends .ckpt to other names
+    meta = {f"{META_PREFIX}{k}": v for k, v in (meta or {}).items()}
+    ms.save_checkpoint(state_of(model, optimizer), str(tmp), append_dict=meta)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: Path, model: nn.Cell, optimizer: nn.Optimizer | None = None) -> dict[str, Any]:
+    """Load weights (and optimizer state) from `path`; return the saved meta values.
+
+    Raises:
+        ValueError: the file lacks parameters the model has, naming a few of them.
+    """
+    values = ms.load_checkpoint(str(path))
+    wanted = {p.name for p in model.get_parameters()}
+    missing = sorted(wanted - values.keys())
+    if missing:
+        raise ValueError(f"checkpoint '{path}' lacks {len(missing)} model parameters, e.g. {missing[:5]}; "
+                         "was it written for another model config?")
+    ms.load_param_into_net(model, {k: v for k, v in values.items() if k in wanted}, strict_load=True)
+    if optimizer is not None:
+        names = {e["name"] for e in state_of(model, optimizer)} - wanted
+        ms.load_param_into_net(optimizer, {k: v for k, v in values.items() if k in names}, strict_load=True)
+    return {k[len(META_PREFIX):]: v if isinstance(v, str) else v.asnumpy().item() for k, v in values.items()
+            if k.startswith(META_PREFIX)}

@@ -1,0 +1,38 @@
+"""Typed schemas for the groups swinexp's own code reads (trainer, hardware), stored in Hydra's ConfigStore.
+
+Component groups (model, data, data/augment, amp, optimizer, scheduler, tracking) are not typed here: their keys are
+checked against the registered builder's signature instead, so every field is written once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class TrainerCfg:
+    epochs: int = 10                            # full passes over the train set; metrics are logged per epoch
+    accumulation_steps: int = 1                 # micro-batches per optimizer step
+    clip_grad: Optional[float] = None           # global L2 norm bound on the gradient; null disables clipping
+    label_smoothing: float = 0.1                # folded into the soft targets of the cross entropy
+    limit_train_batches: Optional[int] = None   # cap on batches per epoch (quick runs); null = whole epoch
+    limit_val_batches: Optional[int] = None     # cap on validation batches; null = whole val set
+    progress_bar: bool = True                   # tqdm bar per epoch (loss, lr, images/s)
+
+
+@dataclass
+class HardwareCfg:
+    device_target: str = "CPU"                  # CPU | GPU | Ascend
+    mode: str = "graph"                         # graph (compiled, fast) | pynative (eager, debuggable)
+    jit_level: Optional[str] = None             # MindSpore graph kernel level O0/O1/O2; null = backend default
+    num_devices: int = 1                        # worker processes per node
+    num_nodes: int = 1
+    deterministic: bool = False                 # bit-repeatable kernels where the backend offers them
+
+
+def register_schemas() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="trainer", name="base_trainer", node=TrainerCfg)
+    cs.store(group="hardware", name="base_hardware", node=HardwareCfg)

@@ -1,0 +1,74 @@
+"""Dataset builders (`conf/data/*.yaml`): each returns a DataSpec — the file lists plus the loader settings."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from swinexp.data.folder import Sample, scan_image_folder
+from swinexp.data.synthetic import SHAPES, generate
+from swinexp.registry import DATASETS, ConfigError
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What the pipeline needs to read one dataset: samples per split and per-device loader settings."""
+
+    root: Path
+    classes: tuple[str, ...]
+    train: tuple[Sample, ...]
+    val: tuple[Sample, ...]
+    img_size: int
+    batch_size: int
+    num_workers: int
+    crop_pct: float
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def _check_loader_args(batch_size: int, num_workers: int, img_size: int, crop_pct: float) -> None:
+    if batch_size < 1:
+        raise ConfigError(f"data.batch_size={batch_size} must be >= 1 (it is the per-device batch)")
+    if num_workers < 1:
+        raise ConfigError(f"data.num_workers={num_workers} must be >= 1")
+    if img_size < 1:
+        raise ConfigError(f"data.img_size={img_size} must be >= 1")
+    if not 0 < crop_pct <= 1:
+        raise ConfigError(f"data.crop_pct={crop_pct} must be in (0, 1]; timm's default is 0.875")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swinexp"
+
+
+@DATASETS.register("imagefolder")
+def imagefolder(root: str, num_classes: int = 1000, img_size: int = 224, batch_size: int = 64, num_workers: int = 4,
+                crop_pct: float = 0.875, train_split: str = "train", val_split: str = "val") -> DataSpec:
+    """ImageNet layout `<root>/{train,val}/<class>/<image>`; the folder's class count must equal num_classes."""
+    _check_loader_args(batch_size, num_workers, img_size, crop_pct)
+    if not Path(root).is_dir():
+        raise ConfigError(f"data.root='{root}' does not exist; point it at a folder holding {train_split}/ and {val_split}/")
+    classes, train, val = scan_image_folder(Path(root), train_split, val_split)
+    if len(classes) != num_classes:
+        raise ConfigError(
+            f"data.root='{root}' has {len(classes)} class folders but data.num_classes={num_classes}; "
+            f"set data.num_classes={len(classes)}"
+        )
+    return DataSpec(Path(root), tuple(classes), tuple(train), tuple(val), img_size, batch_size, num_workers, crop_pct)
+
+
+@DATASETS.register("synthetic")
+def synthetic(root: str | None = None, num_train: int = 2000, num_val: int = 500, num_classes: int = 10,
+              img_size: int = 64, batch_size: int = 64, num_workers: int = 1, crop_pct: float = 1.0,
+              generator_seed: int = 0) -> DataSpec:
+    """Shapes drawn into JPEG files on first use (deterministic), then read like any ImageFolder."""
+    if not 2 <= num_classes <= len(SHAPES):
+        raise ConfigError(f"data.num_classes={num_classes}: the synthetic set draws 2..{len(SHAPES)} shape classes")
+    if num_train < num_classes or num_val < num_classes:
+        raise ConfigError(f"data.num_train={num_train} and data.num_val={num_val} must each be >= num_classes")
+    key = f"synthetic-s{generator_seed}-c{num_classes}-n{num_train}-v{num_val}-px{img_size}"
+    folder = generate(Path(root) if root else default_cache_dir() / key, num_train, num_val, num_classes,
+                      img_size, generator_seed)
+    return imagefolder(str(folder), num_classes, img_size, batch_size, num_workers, crop_pct)

@@ -1,0 +1,41 @@
+"""Validation: loss, top-1 and top-5 over a loader; pure (no logging)."""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+
+def make_eval_step(model: nn.Cell, jit: bool) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """(images, labels) -> (summed loss, top-1 hits, top-5 hits) for one batch."""
+
+    def step(images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logits = ops.cast(model(images), ms.float32)
+        loss = ops.cross_entropy(logits, labels, reduction="sum")
+        k = min(5, logits.shape[-1])
+        _, top = ops.topk(logits, k)  # (B, k), best first
+        hits = ops.equal(top, ops.expand_dims(labels, -1))
+        top1 = ops.cast(hits[:, 0], ms.float32).sum()
+        top5 = ops.cast(hits.any(axis=-1), ms.float32).sum()
+        return loss, top1, top5
+
+    return ms.jit(step) if jit else step
+
+
+def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],
+             step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None) -> dict[str, float]:
+    """Mean loss and top-1/top-5 accuracy in percent over all samples of `batches`."""
+    model.set_train(False)
+    step = step or make_eval_step(model, jit=False)
+    loss = top1 = top5 = 0.0
+    count = 0
+    for images, labels in batches:
+        batch_loss, batch_top1, batch_top5 = step(images, labels)
+        loss += float(batch_loss)
+        top1 += float(batch_top1)
+        top5 += float(batch_top5)
+        count += int(labels.shape[0])
+    if count == 0:
+        raise ValueError("evaluate() received no batches")
+    return {"val/loss": loss / count, "val/top1": 100.0 * top1 / count, "val/top5": 100.0 * top5 / count}

@@ -1,0 +1,645 @@
+"""Swin Transformer (Liu et al. 2021), a faithful MindSpore port of microsoft/Swin-Transformer.
+
+Layout follows timm: attention -> block -> merging -> stage -> model, then the weight helpers, then the
+size variants as a table and their registered builders. Parameter names match the official PyTorch
+state dict name by name, with MindSpore's LayerNorm `gamma`/`beta` for PyTorch's `weight`/`bias`.
+
+Three switches select equivalent formulations of the same function (the ablations of this project):
+
+- `qkv`: `fused` (one Dense, 5-D reshape/transpose, indexing; official), `split` (three Dense `q`, `k`, `v`),
+  `fused_split` (one Dense, `ops.split` into three).
+- `patch_merging`: `slice` (strided slices + concat; official), `reshape` (reshape + transpose + reshape).
+- `rel_pos_bias`: `gather` (index the table; official), `onehot` (constant one-hot matrix @ table).
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import initializer
+
+from swinexp.models.layers import (
+    INIT_STD,
+    DropPath,
+    Mlp,
+    PatchEmbed,
+    TruncNormal,
+    dense,
+    relative_position_index,
+    roll_hw,
+    shifted_window_mask,
+    stage_windows,
+    window_partition,
+    window_reverse,
+)
+from swinexp.registry import MODELS, ConfigError
+
+__all__ = [
+    "SWIN_VARIANTS",
+    "BasicLayer",
+    "PatchMerging",
+    "SwinTransformer",
+    "SwinTransformerBlock",
+    "WindowAttention",
+    "fuse_qkv",
+    "split_qkv",
+]
+
+QKV_MODES = ("fused", "split", "fused_split")
+MERGING_MODES = ("slice", "reshape")
+REL_POS_BIAS_MODES = ("gather", "onehot")
+
+
+class WindowAttention(nn.Cell):
+    """Multi-head self-attention inside (shifted) windows, with a learned relative position bias.
+
+    Args:
+        dim: Token width; divisible by num_heads.
+        window_size: Side of a square window.
+        num_heads: Number of attention heads.
+        qkv_bias: Whether the q/k/v projections have a bias.
+        attn_drop: Dropout rate on the attention weights.
+        proj_drop: Dropout rate after the output projection.
+        qkv: How q, k, v are projected, one of QKV_MODES (see the module docstring).
+        rel_pos_bias: How the bias table is looked up, one of REL_POS_BIAS_MODES.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        window_size: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        qkv: str = "fused",
+        rel_pos_bias: str = "gather",
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.window_size = window_size
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv_mode = qkv
+        self.rel_pos_bias_mode = rel_pos_bias
+
+        num_rel = (2 * window_size - 1) ** 2
+        self.relative_position_bias_table = Parameter(initializer(TruncNormal(INIT_STD), (num_rel, num_heads)))
+        # Constants are plain Tensor attributes: not parameters, so never trained or checkpointed.
+        index = relative_position_index(window_size).reshape(-1)  # (N*N,)
+        if rel_pos_bias == "gather":
+            self.relative_position_index = Tensor(index)
+        else:
+            # float32 one-hot rows, cast at use to the table's dtype (fp16 under AMP O3; a no-op in fp32)
+            self.relative_position_onehot = Tensor(np.eye(num_rel, dtype=np.float32)[index])  # (N*N, (2ws-1)^2)
+
+        if qkv == "split":
+            self.q = dense(dim, dim, has_bias=qkv_bias)
+            self.k = dense(dim, dim, has_bias=qkv_bias)
+            self.v = dense(dim, dim, has_bias=qkv_bias)
+        else:
+            self.qkv = dense(dim, 3 * dim, has_bias=qkv_bias)
+        self.attn_drop = nn.Dropout(p=attn_drop)
+        self.proj = dense(dim, dim)
+        self.proj_drop = nn.Dropout(p=proj_drop)
+        self.softmax = nn.Softmax(axis=-1)  # a cell, so AMP cell lists (keep softmax in fp32) can reach it
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b_, n, _ = x.shape
+        x = ops.reshape(x, (b_, n, self.num_heads, self.head_dim))  # (B_, N, heads, hd)
+        return ops.transpose(x, (0, 2, 1, 3))  # (B_, heads, N, hd)
+
+    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b_, n, c = x.shape
+        if self.qkv_mode == "fused":
+            qkv = ops.reshape(self.qkv(x), (b_, n, 3, self.num_heads, self.head_dim))  # (B_, N, 3, heads, hd)
+            qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B_, heads, N, hd)
+            return qkv[0], qkv[1], qkv[2]
+        if self.qkv_mode == "split":
+            return self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
+        q, k, v = ops.split(self.qkv(x), c, axis=-1)  # 3 x (B_, N, C), the rows of the fused weight in q, k, v order
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def _relative_position_bias(self) -> Tensor:
+        table = self.relative_position_bias_table
+        if self.rel_pos_bias_mode == "gather":
+            bias = ops.gather(table, self.relative_position_index, 0)  # (N*N, heads)
+        else:
+            bias = ops.matmul(ops.cast(self.relative_position_onehot, table.dtype), table)  # (N*N, heads)
+        n = self.window_size * self.window_size
+        bias = ops.reshape(bias, (n, n, self.num_heads))  # (N, N, heads)
+        return ops.transpose(bias, (2, 0, 1))  # (heads, N, N)
+
+    def construct(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Attend within each window.
+
+        Args:
+            x: Windows of tokens, (B*nW, N, C) with N = ws*ws.
+            mask: (1, nW, 1, N, N) additive mask for shifted windows, or None.
+
+        Returns:
+            (B*nW, N, C).
+        """
+        b_, n, c = x.shape
+        q, k, v = self._project_qkv(x)  # 3 x (B_, heads, N, hd)
+        attn = ops.matmul(q * self.scale, ops.transpose(k, (0, 1, 3, 2)))  # (B_, heads, N, N)
+        attn = attn + ops.cast(self._relative_position_bias(), attn.dtype)  # broadcast over B_
+        if mask is not None:
+            nw = mask.shape[1]
+            attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
+            attn = attn + ops.cast(mask, attn.dtype)
+            attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
+        attn = self.attn_drop(self.softmax(attn))
+        x = ops.transpose(ops.matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
+        x = ops.reshape(x, (b_, n, c))  # (B_, N, C)
+        return self.proj_drop(self.proj(x))
+
+    def extend_repr(self) -> str:
+        return f"dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}, qkv={self.qkv_mode}"
+
+
+class SwinTransformerBlock(nn.Cell):
+    """One Swin block: (shifted) window attention and an MLP, each pre-norm with a residual.
+
+    Args:
+        dim: Token width.
+        input_resolution: Side of the square feature map this block sees.
+        num_heads: Number of attention heads.
+        window_size: Requested window side; shrunk to the resolution when that is not larger (official rule).
+        shift_size: Cyclic shift; forced to 0 when the window covers the whole map.
+        mlp_ratio: MLP hidden width over dim.
+        qkv_bias: Whether the q/k/v projections have a bias.
+        drop: Dropout rate after attention projection and in the MLP.
+        attn_drop: Dropout rate on the attention weights.
+        drop_path: Stochastic depth rate of both residual branches.
+        qkv: See WindowAttention.
+        rel_pos_bias: See WindowAttention.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        input_resolution: int,
+        num_heads: int,
+        window_size: int = 7,
+        shift_size: int = 0,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        qkv: str = "fused",
+        rel_pos_bias: str = "gather",
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.input_resolution = input_resolution
+        self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
+        self.norm1 = nn.LayerNorm((dim,), epsilon=1e-5)
+        self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias)
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm((dim,), epsilon=1e-5)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
+        if self.shift_size > 0:
+            mask = shifted_window_mask(input_resolution, input_resolution, self.window_size, self.shift_size)
+            self.attn_mask = Tensor(mask[None, :, None])  # (1, nW, 1, N, N), broadcasts over batch and heads
+        else:
+            self.attn_mask = None
+
+    def construct(self, x: Tensor) -> Tensor:
+        b, l, c = x.shape
+        r, ws = self.input_resolution, self.window_size
+        shortcut = x
+        x = ops.reshape(self.norm1(x), (b, r, r, c))  # (B, H, W, C)
+        x = roll_hw(x, -self.shift_size)
+        x = ops.reshape(window_partition(x, ws), (-1, ws * ws, c))  # (B*nW, N, C)
+        x = self.attn(x, self.attn_mask)  # (B*nW, N, C)
+        x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r)  # (B, H, W, C)
+        x = roll_hw(x, self.shift_size)
+        x = shortcut + self.drop_path(ops.reshape(x, (b, l, c)))  # (B, L, C)
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def extend_repr(self) -> str:
+        return f"input_resolution={self.input_resolution}, window_size={self.window_size}, shift={self.shift_size}"
+
+
+def _every_other_pixel(rows: Tensor, start: int, b: int, hw4: int, c: int) -> Tensor:
+    pixels = ops.reshape(rows, (-1, c))  # (B*H/2*W, C), one pixel per row
+    return ops.reshape(pixels[start::2], (b, hw4, c))  # (B, H/2*W/2, C): the pixels with w % 2 == start
+
+
+def merge_2x2_slice(x: Tensor, h: int, w: int) -> Tensor:
+    """Official patch merging, (B, H*W, C) -> (B, H/2*W/2, 4C), as concat(x0, x1, x2, x3) of stride-2 slices.
+
+    On MindSpore 2.10 CPU, StridedSliceGrad crashes ("input memory out of bounds") for a stride-2 slice of
+    an axis that has a non-unit axis before it, e.g. `x[:, 0::2, 0::2, :]` on (B, H, W, C). Striding the
+    leading axis of a 2-D view differentiates correctly, so each slice is taken as rows of a reshape;
+    H and W are even, so stepping by 2 across image boundaries keeps the parity per image.
+
+    Args:
+        x: Tokens of an h x w map, (B, H*W, C).
+        h: Map height, even.
+        w: Map width, even.
+
+    Returns:
+        (B, H/2*W/2, 4C), channel blocks in the official order.
+    """
+    b, _, c = x.shape
+    hw4 = (h // 2) * (w // 2)
+    rows = ops.reshape(x, (b * h, w * c))  # (B*H, W*C), one pixel row per row
+    even_h, odd_h = rows[0::2], rows[1::2]  # (B*H/2, W*C) each: the rows with h % 2 == 0, 1
+    x0 = _every_other_pixel(even_h, 0, b, hw4, c)  # x[:, 0::2, 0::2]
+    x1 = _every_other_pixel(odd_h, 0, b, hw4, c)  # x[:, 1::2, 0::2]
+    x2 = _every_other_pixel(even_h, 1, b, hw4, c)  # x[:, 0::2, 1::2]
+    x3 = _every_other_pixel(odd_h, 1, b, hw4, c)  # x[:, 1::2, 1::2]
+    return ops.concat((x0, x1, x2, x3), -1)  # (B, H/2*W/2, 4C)
+
+
+def merge_2x2_reshape(x: Tensor, h: int, w: int) -> Tensor:
+    """Patch merging without slices; the same channel order x0, x1, x2, x3 as `merge_2x2_slice`."""
+    b, _, c = x.shape
+    x = ops.reshape(x, (b, h // 2, 2, w // 2, 2, c))  # (B, H/2, dh, W/2, dw, C)
+    x = ops.transpose(x, (0, 1, 3, 4, 2, 5))  # (B, H/2, W/2, dw, dh, C): channel block 2*dw + dh
+    return ops.reshape(x, (b, (h // 2) * (w // 2), 4 * c))  # (B, H/2*W/2, 4C)
+
+
+class PatchMerging(nn.Cell):
+    """Downsample 2x: concatenate each 2x2 neighbourhood (4C), LayerNorm, project to 2C without bias.
+
+    Args:
+        input_resolution: Side of the square input map; even.
+        dim: Input width C.
+        mode: One of MERGING_MODES; both give the same function.
+    """
+
+    def __init__(self, input_resolution: int, dim: int, mode: str = "slice") -> None:
+        super().__init__()
+        self.input_resolution = input_resolution
+        self.dim = dim
+        self.mode = mode
+        self.reduction = dense(4 * dim, 2 * dim, has_bias=False)
+        self.norm = nn.LayerNorm((4 * dim,), epsilon=1e-5)
+
+    def construct(self, x: Tensor) -> Tensor:
+        r = self.input_resolution
+        if self.mode == "slice":
+            x = merge_2x2_slice(x, r, r)
+        else:
+            x = merge_2x2_reshape(x, r, r)
+        return self.reduction(self.norm(x))  # (B, H/2*W/2, 2C)
+
+    def extend_repr(self) -> str:
+        return f"input_resolution={self.input_resolution}, dim={self.dim}, mode={self.mode}"
+
+
+class BasicLayer(nn.Cell):
+    """One Swin stage: `depth` blocks alternating plain and shifted windows, then optional patch merging.
+
+    Args:
+        dim: Token width of the stage.
+        input_resolution: Side of the square feature map.
+        depth: Number of blocks.
+        num_heads: Number of attention heads.
+        window_size: Window side; odd blocks shift by window_size // 2.
+        mlp_ratio: MLP hidden width over dim.
+        qkv_bias: Whether the q/k/v projections have a bias.
+        drop: Dropout rate.
+        attn_drop: Attention dropout rate.
+        drop_path: Stochastic depth rate per block.
+        downsample: Whether to end with PatchMerging.
+        qkv: See WindowAttention.
+        patch_merging: See PatchMerging.
+        rel_pos_bias: See WindowAttention.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        input_resolution: int,
+        depth: int,
+        num_heads: int,
+        window_size: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        drop: float,
+        attn_drop: float,
+        drop_path: Sequence[float],
+        downsample: bool,
+        qkv: str,
+        patch_merging: str,
+        rel_pos_bias: str,
+    ) -> None:
+        super().__init__()
+        self.blocks = nn.CellList(
+            [
+                SwinTransformerBlock(
+                    dim,
+                    input_resolution,
+                    num_heads,
+                    window_size,
+                    shift_size=0 if i % 2 == 0 else window_size // 2,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    drop=drop,
+                    attn_drop=attn_drop,
+                    drop_path=drop_path[i],
+                    qkv=qkv,
+                    rel_pos_bias=rel_pos_bias,
+                )
+                for i in range(depth)
+            ]
+        )
+        self.downsample = PatchMerging(input_resolution, dim, patch_merging) if downsample else None
+
+    def construct(self, x: Tensor) -> Tensor:
+        for blk in self.blocks:
+            x = blk(x)
+        if self.downsample is not None:
+            x = self.downsample(x)
+        return x
+
+
+class SwinTransformer(nn.Cell):
+    """Swin Transformer classifier: patch embedding, hierarchical window-attention stages, pooled linear head.
+
+    Args:
+        img_size: Side of the square input image.
+        patch_size: Side of a square patch.
+        in_chans: Image channels.
+        num_classes: Classes of the head; 0 gives no head (features only).
+        embed_dim: Width of stage 0; stage i has embed_dim * 2**i.
+        depths: Blocks per stage.
+        num_heads: Attention heads per stage; each divides its stage width.
+        window_size: Window side.
+        mlp_ratio: MLP hidden width over the token width.
+        qkv_bias: Whether the q/k/v projections have a bias.
+        drop_rate: Dropout rate after the embedding, attention projections and MLPs.
+        attn_drop_rate: Dropout rate on attention weights.
+        drop_path_rate: Stochastic depth rate of the last block; rates rise linearly from 0 over the blocks.
+        ape: Whether to add a learned absolute position embedding.
+        patch_norm: Whether to LayerNorm after the patch embedding.
+        qkv: q/k/v projection formulation, one of "fused", "split", "fused_split".
+        patch_merging: Patch-merging formulation, one of "slice", "reshape".
+        rel_pos_bias: Relative position bias lookup, one of "gather", "onehot".
+
+    Raises:
+        ConfigError: If the arguments cannot build the official architecture; the message names the key.
+    """
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 96,
+        depths: Sequence[int] = (2, 2, 6, 2),
+        num_heads: Sequence[int] = (3, 6, 12, 24),
+        window_size: int = 7,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        ape: bool = False,
+        patch_norm: bool = True,
+        qkv: str = "split",
+        patch_merging: str = "reshape",
+        rel_pos_bias: str = "gather",
+    ) -> None:
+        super().__init__()
+        depths, num_heads = _int_tuple("depths", depths), _int_tuple("num_heads", num_heads)
+        _validate(
+            img_size, patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size, mlp_ratio,
+            {"drop_rate": drop_rate, "attn_drop_rate": attn_drop_rate, "drop_path_rate": drop_path_rate},
+            {"qkv": (qkv, QKV_MODES), "patch_merging": (patch_merging, MERGING_MODES),
+             "rel_pos_bias": (rel_pos_bias, REL_POS_BIAS_MODES)},
+        )  # fmt: skip
+        self.num_classes = num_classes
+        self.num_layers = len(depths)
+        self.embed_dim = embed_dim
+        self.ape = ape
+        self.num_features = embed_dim * 2 ** (self.num_layers - 1)
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm)
+        resolution = self.patch_embed.patches_resolution
+        if ape:
+            self.absolute_pos_embed = Parameter(
+                initializer(TruncNormal(INIT_STD), (1, self.patch_embed.num_patches, embed_dim))
+            )  # (1, L, C)
+        self.pos_drop = nn.Dropout(p=drop_rate)
+
+        # stochastic depth decay rule: linear from 0 to drop_path_rate over all blocks
+        dpr = np.linspace(0.0, drop_path_rate, sum(depths)).tolist()
+        self.layers = nn.CellList(
+            [
+                BasicLayer(
+                    dim=embed_dim * 2**i,
+                    input_resolution=resolution // 2**i,
+                    depth=depths[i],
+                    num_heads=num_heads[i],
+                    window_size=window_size,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                    downsample=i < self.num_layers - 1,
+                    qkv=qkv,
+                    patch_merging=patch_merging,
+                    rel_pos_bias=rel_pos_bias,
+                )
+                for i in range(self.num_layers)
+            ]
+        )
+        self.norm = nn.LayerNorm((self.num_features,), epsilon=1e-5)
+        self.head = dense(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images (B, in_chans, H, W) to normalised tokens (B, L, num_features) of the last stage."""
+        x = self.patch_embed(x)  # (B, L, C)
+        if self.ape:
+            x = x + self.absolute_pos_embed
+        x = self.pos_drop(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        """Tokens (B, L, num_features) to logits (B, num_classes) by average pooling over tokens."""
+        return self.head(ops.mean(x, 1))  # (B, num_features) before the head
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _int_tuple(key: str, value: Any) -> tuple[int, ...]:
+    # lists, tuples and OmegaConf ListConfig all arrive here; a string would iterate into characters
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"model.{key}={value!r} must be a list of ints, one per stage, e.g. [2, 2, 6, 2]")
+    out = tuple(value)
+    if not out or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in out):
+        raise ConfigError(f"model.{key}={list(out)} must be a non-empty list of positive ints, one per stage")
+    return out
+
+
+def _resolution_problem(img_size: int, patch_size: int, window_size: int, stages: int) -> str | None:
+    """Why the official architecture cannot run at this image size, or None if it can."""
+    if img_size % patch_size:
+        return f"img_size is not divisible by patch_size={patch_size}"
+    r = img_size // patch_size
+    for i in range(stages):
+        if i > 0:
+            if r % 2:
+                return f"stage {i - 1} ends with 2x patch merging of an odd {r}x{r} map"
+            r //= 2
+        if r > window_size and r % window_size:
+            return f"stage {i} has a {r}x{r} map, which is neither <= window_size nor divisible by it"
+    return None
+
+
+def _validate(
+    img_size: int,
+    patch_size: int,
+    in_chans: int,
+    num_classes: int,
+    embed_dim: int,
+    depths: tuple[int, ...],
+    num_heads: tuple[int, ...],
+    window_size: int,
+    mlp_ratio: float,
+    rates: Mapping[str, float],
+    switches: Mapping[str, tuple[str, tuple[str, ...]]],
+) -> None:
+    for key, (value, allowed) in switches.items():
+        if value not in allowed:
+            raise ConfigError(f"model.{key}={value!r} is not a known option; choose one of: {', '.join(allowed)}")
+    sizes = dict(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
+                 window_size=window_size)  # fmt: skip
+    for key, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"model.{key}={value!r} must be a positive int")
+    if not isinstance(num_classes, int) or num_classes < 0:
+        raise ConfigError(f"model.num_classes={num_classes!r} must be an int >= 0 (0 means no head)")
+    if not mlp_ratio > 0:
+        raise ConfigError(f"model.mlp_ratio={mlp_ratio!r} must be > 0")
+    for key, rate in rates.items():
+        if not 0.0 <= rate < 1.0:
+            raise ConfigError(f"model.{key}={rate!r} must be in [0, 1)")
+    if len(depths) != len(num_heads):
+        raise ConfigError(
+            f"model.depths={list(depths)} and model.num_heads={list(num_heads)} must have one entry per stage each"
+        )
+    for i, heads in enumerate(num_heads):
+        dim = embed_dim * 2**i
+        if dim % heads:
+            raise ConfigError(
+                f"model.num_heads[{i}]={heads} does not divide the stage-{i} width embed_dim*2**{i}={dim}; "
+                f"choose a divisor of {dim} or change model.embed_dim"
+            )
+
+    stages = len(depths)
+    problem = _resolution_problem(img_size, patch_size, window_size, stages)
+    if problem is None:
+        return
+    valid = [c for c in range(patch_size, 4 * img_size + 1, patch_size)
+             if _resolution_problem(c, patch_size, window_size, stages) is None]  # fmt: skip
+    below = [c for c in valid if c < img_size][-1:]
+    above = [c for c in valid if c > img_size][:1]
+    raise ConfigError(
+        f"model.img_size={img_size} does not fit patch_size={patch_size}, window_size={window_size} and "
+        f"{stages} stages: {problem}. The map of stage i, img_size/patch_size/2**i, must be even before each "
+        f"merging and a multiple of window_size unless it is <= window_size (then the window shrinks to it). "
+        f"Nearest valid model.img_size: {' or '.join(map(str, below + above)) or 'none'}"
+    )
+
+
+def split_qkv(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Convert a `qkv="fused"`/`"fused_split"` state dict to `qkv="split"` names; other entries pass through.
+
+    The fused weight's rows are [q; k; v] (the official reshape (B, N, 3, heads, hd) puts q first).
+
+    Args:
+        state: Parameter name to array, e.g. `{p.name: p.asnumpy() for p in model.get_parameters()}`.
+
+    Returns:
+        A new dict with every `*.attn.qkv.{weight,bias}` replaced by `*.attn.{q,k,v}.{weight,bias}`.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, value in state.items():
+        prefix, sep, leaf = name.rpartition(".qkv.")
+        if not sep:
+            out[name] = value
+            continue
+        for part, chunk in zip("qkv", np.split(value, 3, axis=0)):
+            out[f"{prefix}.{part}.{leaf}"] = chunk
+    return out
+
+
+def fuse_qkv(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of `split_qkv`: concatenate `*.attn.{q,k,v}.*` rows into `*.attn.qkv.*`.
+
+    Args:
+        state: Parameter name to array of a `qkv="split"` model.
+
+    Returns:
+        A new dict with fused `qkv` entries, as the official checkpoints have them.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, value in state.items():
+        prefix, sep, leaf = name.rpartition(".q.")
+        if sep:
+            parts = [state[f"{prefix}.{p}.{leaf}"] for p in "qkv"]
+            out[f"{prefix}.qkv.{leaf}"] = np.concatenate(parts, axis=0)
+        elif ".k." not in name and ".v." not in name:
+            out[name] = value
+    return out
+
+
+# Size variants as data (official configs/swin/*.yaml); user overrides win in the builders.
+SWIN_VARIANTS: dict[str, dict[str, Any]] = {
+    # tiny debug model for CPU tests: 16x16 then 8x8 maps, 4x4 windows
+    "swin_micro": dict(img_size=64, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=4,
+                       drop_path_rate=0.1),
+    "swin_tiny": dict(img_size=224, patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
+                      window_size=7, drop_path_rate=0.2),
+    "swin_small": dict(img_size=224, patch_size=4, embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24),
+                       window_size=7, drop_path_rate=0.3),
+    "swin_base": dict(img_size=224, patch_size=4, embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
+                      window_size=7, drop_path_rate=0.5),
+    # only released as ImageNet-22k pretrain / 22k->1k fine-tune; both official configs use 0.2
+    "swin_large": dict(img_size=224, patch_size=4, embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48),
+                       window_size=7, drop_path_rate=0.2),
+    # swin_base_patch4_window12_384_finetune.yaml
+    "swin_base_384": dict(img_size=384, patch_size=4, embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
+                          window_size=12, drop_path_rate=0.5),
+}  # fmt: skip
+
+
+def _variant(name: str) -> Callable[..., SwinTransformer]:
+    """Register a builder `name(**overrides)` whose signature shows SwinTransformer's with this variant's defaults."""
+    defaults = SWIN_VARIANTS[name]
+
+    def builder(**overrides: Any) -> SwinTransformer:
+        return SwinTransformer(**{**defaults, **overrides})
+
+    params = list(inspect.signature(SwinTransformer.__init__).parameters.values())[1:]  # drop self
+    builder.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [p.replace(kind=p.KEYWORD_ONLY, default=defaults.get(p.name, p.default)) for p in params],
+        return_annotation=SwinTransformer,
+    )
+    builder.__name__ = builder.__qualname__ = name
+    builder.__doc__ = f"Build {name} ({', '.join(f'{k}={v}' for k, v in defaults.items())}); kwargs override."
+    return MODELS.register(name)(builder)
+
+
+swin_micro = _variant("swin_micro")
+swin_tiny = _variant("swin_tiny")
+swin_small = _variant("swin_small")
+swin_base = _variant("swin_base")
+swin_large = _variant("swin_large")
+swin_base_384 = _variant("swin_base_384")

@@ -1,0 +1,102 @@
+"""Optimizers (`conf/optimizer`) and learning-rate schedules (`conf/scheduler`).
+
+The schedule is a per-step array: MindSpore optimizers index it with their own step counter, so the LR follows
+optimizer steps exactly, with no host-side callback.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from swinexp.registry import OPTIMIZERS, SCHEDULERS, ConfigError
+
+NO_DECAY_NAMES = ("absolute_pos_embed", "relative_position_bias_table")
+
+
+def param_groups(model: nn.Cell, weight_decay: float) -> list[dict[str, Any]]:
+    """Split trainable params so biases, norm weights and position tables get no weight decay (Swin recipe)."""
+    decay, no_decay = [], []
+    for p in model.trainable_params():
+        skip = p.ndim <= 1 or any(name in p.name for name in NO_DECAY_NAMES)
+        (no_decay if skip else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+_adamw_update = ops.MultitypeFuncGraph("adamw_update")
+
+
+@_adamw_update.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                        "Tensor", "Tensor")
+def _adamw_update_param(beta1: Tensor, beta2: Tensor, eps: Tensor, bias_c1: Tensor, bias_c2: Tensor, lr: Tensor,
+                        weight_decay: Tensor, param: Parameter, m: Parameter, v: Parameter, grad: Tensor) -> Tensor:
+    grad = ops.cast(grad, ms.float32)
+    next_m = beta1 * m + (1.0 - beta1) * grad
+    next_v = beta2 * v + (1.0 - beta2) * ops.square(grad)
+    update = (next_m / bias_c1) / (ops.sqrt(next_v / bias_c2) + eps)
+    # decoupled decay: p <- p - lr * (update + wd * p), the same as torch.optim.AdamW's p *= 1 - lr * wd first
+    next_param = param - lr * (update + weight_decay * param)
+    ops.assign(m, next_m)
+    ops.assign(v, next_v)
+    return ops.assign(param, ops.cast(next_param, param.dtype))
+
+
+class AdamW(nn.Optimizer):
+    """AdamW with bias correction, as torch.optim.AdamW (MindSpore's AdamWeightDecay has no bias correction)."""
+
+    def __init__(self, params: list[dict[str, Any]], learning_rate: float | Sequence[float],
+                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+        super().__init__(learning_rate, params)
+        self.beta1, self.beta2, self.eps = (Tensor(x, ms.float32) for x in (beta1, beta2, eps))
+        self.moments1 = self._parameters.clone(prefix="adam_m", init="zeros")
+        self.moments2 = self._parameters.clone(prefix="adam_v", init="zeros")
+
+    def construct(self, gradients: tuple[Tensor, ...]) -> Tensor:
+        lr = self.get_lr()
+        weight_decay = self.get_weight_decay()
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        step = ops.cast(self.global_step, ms.float32).reshape(())
+        bias_c1 = 1.0 - ops.pow(self.beta1, step)
+        bias_c2 = 1.0 - ops.pow(self.beta2, step)
+        if self.is_group_lr:
+            update = ops.partial(_adamw_update, self.beta1, self.beta2, self.eps, bias_c1, bias_c2)
+            return self.hyper_map(update, lr, weight_decay, self._parameters, self.moments1, self.moments2,
+                                  gradients)
+        update = ops.partial(_adamw_update, self.beta1, self.beta2, self.eps, bias_c1, bias_c2, lr)
+        return self.hyper_map(update, weight_decay, self._parameters, self.moments1, self.moments2, gradients)
+
+
+@OPTIMIZERS.register("adamw")
+def adamw(model: nn.Cell, lr: float | Sequence[float], weight_decay: float = 0.05,
+          betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8) -> nn.Optimizer:
+    """AdamW over `model`'s params with the no-decay groups; `lr` is a constant or one value per optimizer step."""
+    if weight_decay < 0:
+        raise ConfigError(f"optimizer.weight_decay={weight_decay} must be >= 0")
+    return AdamW(param_groups(model, weight_decay), lr, beta1=betas[0], beta2=betas[1], eps=eps)
+
+
+@SCHEDULERS.register("warmup_cosine")
+def warmup_cosine(base_lr: float, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0,
+                  warmup_lr: float = 5e-7, min_lr: float = 5e-6) -> np.ndarray:
+    """Per-step LR: linear from warmup_lr to base_lr over warmup, then cosine from base_lr to min_lr (timm's)."""
+    if base_lr <= 0:
+        raise ConfigError(f"optimizer.lr={base_lr} must be > 0")
+    total = epochs * steps_per_epoch
+    warmup = min(int(round(warmup_epochs * steps_per_epoch)), total)
+    if warmup_epochs >= epochs and epochs > 0:
+        raise ConfigError(f"scheduler.warmup_epochs={warmup_epochs} must be < trainer.epochs={epochs}")
+    steps = np.arange(total, dtype=np.float64)
+    warm = warmup_lr + (base_lr - warmup_lr) * steps[:warmup] / max(warmup, 1)
+    progress = (steps[warmup:] - warmup) / max(total - warmup, 1)
+    cosine = min_lr + 0.5 * (base_lr - min_lr) * (1 + np.cos(math.pi * progress))
+    return np.concatenate([warm, cosine]).astype(np.float32)
+
+
+@SCHEDULERS.register("constant")
+def constant(base_lr: float, epochs: int, steps_per_epoch: int) -> np.ndarray:
+    """The optimizer's lr at every step."""
+    return np.full(epochs * steps_per_epoch, base_lr, np.float32)

@@ -1,0 +1,114 @@
+"""Every YAML in every group composes, mirrors its builder's parameters, and builds its component."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+from mindspore import nn
+from omegaconf import DictConfig, OmegaConf
+from PIL import Image
+
+from swinexp import REGISTRIES, hardware
+from swinexp.build import build_experiment, node, trainer_cfg
+from swinexp.registry import ConfigError
+from tests.conftest import CONF_DIR
+
+# Arguments the framework passes at build time rather than the YAML: they must not appear in the files.
+RUNTIME_ARGS = {"data/augment": {"img_size"}, "optimizer": {"model"},
+                "scheduler": {"base_lr", "epochs", "steps_per_epoch"}}
+
+
+def group_options() -> list[tuple[str, str]]:
+    return sorted((str(p.parent.relative_to(CONF_DIR)), p.stem) for p in CONF_DIR.rglob("*.yaml")
+                  if p.parent != CONF_DIR and not p.parent.name == "hydra")
+
+
+def _tiny_model() -> nn.Cell:
+    return nn.Dense(2, 2)
+
+
+@pytest.mark.parametrize("group", sorted(REGISTRIES))
+def test_every_registered_name_has_a_yaml_and_back(group: str) -> None:
+    files = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+    assert files == set(REGISTRIES[group]), f"conf/{group}/*.yaml and the {group} registry differ"
+
+
+@pytest.mark.parametrize("group,option", [g for g in group_options() if g[0] in REGISTRIES])
+def test_yaml_mirrors_builder_parameters_one_to_one(group: str, option: str) -> None:
+    keys = set(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")) - {"name", "defaults"}
+    params = set(inspect.signature(REGISTRIES[group].get(option)).parameters) - RUNTIME_ARGS.get(group, set())
+    assert keys == params, f"conf/{group}/{option}.yaml keys differ from its builder's parameters"
+
+
+@pytest.mark.parametrize("group,option", group_options())
+def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: str, option: str,
+                                    tmp_path: Path) -> None:
+    overrides, smoke = [f"{group}={option}"], True
+    if (group, option) == ("data", "imagefolder"):
+        smoke = False  # the smoke overrides set synthetic-only keys
+        for split in ("train", "val"):
+            for name in ("a", "b"):
+                (tmp_path / "folder" / split / name).mkdir(parents=True)
+                Image.new("RGB", (20, 20)).save(tmp_path / "folder" / split / name / "0.jpg")
+        overrides += [f"data.root={tmp_path / 'folder'}", "data.num_classes=2", "data.batch_size=1",
+                      "data.img_size=32"]
+    if group == "model":  # the variant's own input size: swin_tiny needs 224 (56-28-14-7 maps), base_384 needs 384
+        overrides.append(f"data.img_size={inspect.signature(REGISTRIES[group].get(option)).parameters['img_size'].default}")
+    if group == "tracking":
+        overrides.append(f"tracking.uri=sqlite:///{tmp_path}/mlflow.db" if option == "mlflow" else "")
+    cfg = compose(*[o for o in overrides if o], smoke=smoke)
+    if group == "trainer":
+        assert trainer_cfg(cfg).epochs >= 1
+    elif group == "hardware":
+        hardware.validate(OmegaConf.to_object(cfg.hardware))
+    elif group == "data/augment":
+        transform = REGISTRIES[group].build(node(cfg, "data.augment"), img_size=32)
+        out = transform(Image.new("RGB", (40, 30)), np.random.default_rng(0))
+        assert out.shape == (3, 32, 32) and out.dtype == np.float32
+    elif group == "optimizer":
+        assert isinstance(REGISTRIES[group].build(node(cfg, group), model=_tiny_model()), nn.Optimizer)
+    elif group == "scheduler":
+        lr = REGISTRIES[group].build(node(cfg, group), base_lr=1e-3, epochs=3, steps_per_epoch=4)
+        assert lr.shape == (12,) and lr.max() <= 1e-3 + 1e-9
+    elif group == "data":
+        spec = REGISTRIES[group].build({k: v for k, v in node(cfg, group).items() if k != "augment"})
+        assert spec.num_classes == cfg.data.num_classes
+    else:
+        assert REGISTRIES[group].build(node(cfg, group)) is not None
+
+
+def test_model_follows_the_data(compose: Callable[..., DictConfig]) -> None:
+    cfg = compose("data.num_classes=4", "data.img_size=32")
+    assert cfg.model.num_classes == 4 and cfg.model.img_size == 32
+
+
+def test_unknown_model_key_names_key_and_component(compose: Callable[..., DictConfig]) -> None:
+    with pytest.raises(ConfigError, match=r"model.embed_dims is not a parameter of model 'swin_micro'.*"
+                                          r"Did you mean 'model.embed_dim'"):
+        build_experiment(compose("+model.embed_dims=64"))
+
+
+def test_missing_mandatory_data_root_says_how_to_set_it(compose: Callable[..., DictConfig]) -> None:
+    cfg = compose("data=imagefolder", smoke=False)
+    with pytest.raises(ConfigError, match=r"data.root"):
+        build_experiment(cfg)
+
+
+def test_mistyped_trainer_key_fails_at_compose(compose: Callable[..., DictConfig]) -> None:
+    with pytest.raises(Exception, match="epochz"):
+        compose("trainer.epochz=3")
+    with pytest.raises(Exception, match="trainer.epochs"):
+        compose("trainer.epochs=many")
+
+
+def test_bad_group_option_lists_the_available_options(compose: Callable[..., DictConfig]) -> None:
+    with pytest.raises(Exception, match=r"(?s)model/swin_tiyn.*swin_micro.*swin_tiny"):
+        compose("model=swin_tiyn")
+
+
+def test_inconsistent_head_and_data_is_rejected(compose: Callable[..., DictConfig]) -> None:
+    with pytest.raises(ConfigError, match="model.num_classes=7 but data 'synthetic' has 10 classes"):
+        build_experiment(compose("model.num_classes=7"))

@@ -1,0 +1,285 @@
+"""Swin port: official parameter counts and names, window helpers, the SW-MSA mask, and switch equivalence."""
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from swinexp.models import MODELS, SWIN_VARIANTS, SwinTransformer
+from swinexp.models.layers import (
+    DropPath,
+    relative_position_index,
+    roll_hw,
+    shifted_window_mask,
+    window_partition,
+    window_reverse,
+)
+from swinexp.models.swin import fuse_qkv, merge_2x2_reshape, merge_2x2_slice, split_qkv
+from swinexp.registry import ConfigError
+
+SWITCHES = list(itertools.product(("fused", "split", "fused_split"), ("slice", "reshape"), ("gather", "onehot")))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pynative_cpu() -> None:
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def micro(**overrides: object) -> SwinTransformer:
+    """swin_micro in eval mode without stochastic depth, so outputs are deterministic."""
+    model = MODELS.get("swin_micro")(**{"drop_path_rate": 0.0, "num_classes": 10, **overrides})
+    model.set_train(False)
+    return model
+
+
+def state_of(model: SwinTransformer) -> dict[str, np.ndarray]:
+    return {p.name: p.asnumpy() for p in model.get_parameters()}
+
+
+def load_state(model: SwinTransformer, state: dict[str, np.ndarray]) -> None:
+    names = {p.name for p in model.get_parameters()}
+    assert names == set(state), f"name mismatch: {sorted(names ^ set(state))[:5]}"
+    for p in model.get_parameters():
+        p.set_data(Tensor(state[p.name]))
+
+
+def outputs_and_grads(model: SwinTransformer, x: Tensor) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Logits, d(sum logits^2)/d(image) and d(...)/d(every parameter), by parameter name."""
+    params = model.trainable_params()
+
+    def loss(images: Tensor) -> tuple[Tensor, Tensor]:
+        logits = model(images)
+        return (logits**2).sum(), logits
+
+    (_, logits), (gx, gp) = ms.value_and_grad(loss, grad_position=0, weights=params, has_aux=True)(x)
+    return logits.asnumpy(), gx.asnumpy(), {p.name: g.asnumpy() for p, g in zip(params, gp)}
+
+
+def official_state_dict_names(depths: tuple[int, ...], ape: bool) -> list[str]:
+    """The PyTorch state-dict keys of microsoft/Swin-Transformer, minus buffers, with LayerNorm renamed."""
+    ln = ("gamma", "beta")
+    names = ["absolute_pos_embed"] if ape else []
+    names += ["patch_embed.proj.weight", "patch_embed.proj.bias", *(f"patch_embed.norm.{n}" for n in ln)]
+    for i, depth in enumerate(depths):
+        for j in range(depth):
+            p = f"layers.{i}.blocks.{j}"
+            names += [f"{p}.norm1.{n}" for n in ln]
+            names += [f"{p}.attn.relative_position_bias_table", f"{p}.attn.qkv.weight", f"{p}.attn.qkv.bias"]
+            names += [f"{p}.attn.proj.weight", f"{p}.attn.proj.bias", *(f"{p}.norm2.{n}" for n in ln)]
+            names += [f"{p}.mlp.fc1.weight", f"{p}.mlp.fc1.bias", f"{p}.mlp.fc2.weight", f"{p}.mlp.fc2.bias"]
+        if i < len(depths) - 1:
+            names += [f"layers.{i}.downsample.reduction.weight", *(f"layers.{i}.downsample.norm.{n}" for n in ln)]
+    return names + ["norm.gamma", "norm.beta", "head.weight", "head.bias"]
+
+
+@pytest.mark.parametrize(
+    "name,count",
+    [("swin_tiny", 28_288_354), ("swin_small", 49_606_258), ("swin_base", 87_768_224), ("swin_large", 196_532_476)],
+)
+def test_official_parameter_count(name: str, count: int) -> None:
+    model = MODELS.get(name)()
+    assert sum(p.size for p in model.trainable_params()) == count
+
+
+def test_parameter_names_match_official_state_dict_in_order() -> None:
+    model = micro(qkv="fused", ape=True)
+    assert [p.name for p in model.trainable_params()] == official_state_dict_names((2, 2), ape=True)
+    # constants (relative_position_index, attn_mask, one-hot) are plain Tensors: not parameters, not checkpointed
+    assert list(model.parameters_dict()) == [p.name for p in model.trainable_params()]
+
+
+def test_split_qkv_names() -> None:
+    names = [p.name for p in micro(qkv="split").trainable_params()]
+    assert "layers.0.blocks.1.attn.q.weight" in names and "layers.0.blocks.1.attn.v.bias" in names
+    assert not any(".qkv." in n for n in names)
+    onehot = micro(rel_pos_bias="onehot")
+    assert len(onehot.parameters_dict()) == len(onehot.trainable_params())
+
+
+def test_forward_shape() -> None:
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32))
+    assert micro(num_classes=7)(x).shape == (2, 7)
+    features = micro(num_classes=0)
+    assert features(x).shape == (2, features.num_features)
+
+
+def test_train_mode_with_stochastic_depth_runs() -> None:
+    model = MODELS.get("swin_micro")(num_classes=5, drop_path_rate=0.3, drop_rate=0.1, attn_drop_rate=0.1)
+    model.set_train(True)
+    out = model(Tensor(np.ones((2, 3, 64, 64), np.float32))).asnumpy()
+    assert out.shape == (2, 5) and np.isfinite(out).all()
+
+
+def test_drop_path_drops_whole_samples_and_is_identity_in_eval() -> None:
+    cell = DropPath(0.5)
+    x = Tensor(np.ones((64, 3, 4), np.float32))
+    cell.set_train(True)
+    out = cell(x).asnumpy()
+    per_sample = out.reshape(64, -1)
+    assert set(np.unique(per_sample)) <= {0.0, 2.0} and (per_sample == per_sample[:, :1]).all()
+    cell.set_train(False)
+    np.testing.assert_array_equal(cell(x).asnumpy(), x.asnumpy())
+
+
+def test_window_partition_round_trip() -> None:
+    x = np.random.default_rng(0).standard_normal((2, 8, 12, 3)).astype(np.float32)
+    windows = window_partition(Tensor(x), 4).asnumpy()
+    assert windows.shape == (2 * 2 * 3, 4, 4, 3)
+    np.testing.assert_array_equal(windows[1], x[0, 0:4, 4:8])  # row-major over the window grid
+    np.testing.assert_array_equal(windows[3], x[0, 4:8, 0:4])
+    np.testing.assert_array_equal(window_reverse(Tensor(windows), 4, 8, 12).asnumpy(), x)
+
+
+@pytest.mark.parametrize("shift", [-2, 3])
+def test_roll_matches_torch_roll(shift: int) -> None:
+    x = np.arange(2 * 6 * 6 * 2, dtype=np.float32).reshape(2, 6, 6, 2)
+    np.testing.assert_array_equal(roll_hw(Tensor(x), shift).asnumpy(), np.roll(x, (shift, shift), (1, 2)))
+
+
+def test_relative_position_index() -> None:
+    ws = 3
+    index = relative_position_index(ws)
+    assert index.shape == (9, 9) and index.min() == 0 and index.max() == (2 * ws - 1) ** 2 - 1
+    centre = (ws - 1) * (2 * ws - 1) + (ws - 1)  # offset (0, 0)
+    assert (np.diag(index) == centre).all()
+    assert index[0, 8] == 0 and index[8, 0] == (2 * ws - 1) ** 2 - 1  # offsets (-2, -2) and (2, 2)
+    assert index[1, 0] == centre + 1 and index[3, 0] == centre + (2 * ws - 1)  # (0, +1) and (+1, 0)
+
+
+def test_shifted_window_mask_blocks_cross_region_attention() -> None:
+    # 8x8 map, window 4, shift 2: after rolling by -2, rows/cols 4-5 and 6-7 came from different places
+    mask = shifted_window_mask(8, 8, 4, 2)
+    assert mask.shape == (4, 16, 16)
+    assert (mask[0] == 0).all()  # top-left window: one region
+    rows, cols = np.divmod(np.arange(16), 4)  # window-local (row, col) of each token
+    bottom_right = (rows >= 2) * 2 + (cols >= 2)  # four 2x2 regions
+    top_right = cols >= 2  # two 4x2 regions
+    for window, region in ((3, bottom_right), (1, top_right), (2, rows >= 2)):
+        expected = np.where(region[:, None] == region[None, :], 0.0, -100.0)
+        np.testing.assert_array_equal(mask[window], expected)
+
+
+def test_blocks_shift_on_odd_blocks_and_shrink_small_windows() -> None:
+    model = micro(img_size=32, window_size=4)  # stage maps 8x8 and 4x4
+    b0, b1 = model.layers[0].blocks
+    assert (b0.shift_size, b1.shift_size) == (0, 2) and b0.attn_mask is None
+    np.testing.assert_array_equal(b1.attn_mask.asnumpy()[0, :, 0], shifted_window_mask(8, 8, 4, 2))
+    assert all(b.shift_size == 0 and b.attn_mask is None for b in model.layers[1].blocks)  # 4x4 map <= window
+    tiny_windows = micro(img_size=16)  # stage 1 is a 2x2 map: the window shrinks to 2 (official rule)
+    assert tiny_windows.layers[1].blocks[1].window_size == 2
+    assert tiny_windows(Tensor(np.ones((1, 3, 16, 16), np.float32))).shape == (1, 10)
+
+
+def test_patch_merging_slice_backward_runs_and_matches_reshape() -> None:
+    # the official 4-D strided slice x[:, 0::2, 0::2] crashes in StridedSliceGrad on MindSpore 2.10 CPU
+    b, h, w, c = 3, 6, 10, 4
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((b, h * w, c)).astype(np.float32)
+    weight = Tensor(rng.standard_normal((b, h * w // 4, 4 * c)).astype(np.float32))
+    grid = x.reshape(b, h, w, c)
+    official = np.concatenate([grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2], grid[:, 1::2, 1::2]], -1)
+    results = {}
+    for merge in (merge_2x2_slice, merge_2x2_reshape):
+        out = merge(Tensor(x), h, w).asnumpy()
+        np.testing.assert_array_equal(out, official.reshape(b, -1, 4 * c))
+        results[merge.__name__] = ms.grad(lambda t: (merge(t, h, w) * weight).sum())(Tensor(x)).asnumpy()
+    expected = np.zeros_like(grid)  # the gradient routes each output channel block back to its pixel
+    for k, (dh, dw) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        expected[:, dh::2, dw::2] = weight.asnumpy().reshape(b, h // 2, w // 2, 4 * c)[..., k * c : (k + 1) * c]
+    for grad in results.values():
+        np.testing.assert_array_equal(grad, expected.reshape(b, h * w, c))
+
+
+def test_qkv_state_conversion_round_trip() -> None:
+    state = state_of(micro(qkv="fused"))
+    split = split_qkv(state)
+    assert set(split) == set(state_of(micro(qkv="split")))
+    w = state["layers.1.blocks.0.attn.qkv.weight"]
+    np.testing.assert_array_equal(split["layers.1.blocks.0.attn.k.weight"], w[w.shape[0] // 3 : 2 * w.shape[0] // 3])
+    back = fuse_qkv(split)
+    assert list(back) == list(state) and all(np.array_equal(back[k], state[k]) for k in state)
+
+
+@pytest.fixture(scope="module")
+def official_layout() -> tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """The official formulation (fused qkv, slice merging, gather bias): input, weights, outputs and gradients."""
+    ms.set_seed(0)
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32))
+    model = micro(qkv="fused", patch_merging="slice", rel_pos_bias="gather")
+    return x, state_of(model), outputs_and_grads(model, x)
+
+
+@pytest.mark.parametrize("qkv,merging,bias", SWITCHES[1:])
+def test_switch_combination_computes_the_official_function(
+    official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+    qkv: str,
+    merging: str,
+    bias: str,
+) -> None:
+    x, state, (ref_out, ref_gx, ref_gp) = official_layout
+    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias)
+    load_state(model, split_qkv(state) if qkv == "split" else state)
+    out, gx, gp = outputs_and_grads(model, x)
+    gp = fuse_qkv(gp) if qkv == "split" else gp
+    assert np.abs(out - ref_out).max() < 1e-5
+    assert np.abs(gx - ref_gx).max() <= 1e-4 * np.abs(ref_gx).max()
+    assert gp.keys() == ref_gp.keys()
+    for name, ref in ref_gp.items():
+        assert np.abs(gp[name] - ref).max() <= 1e-4 * np.abs(ref).max() + 1e-12, name
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(num_heads=(2, 5)), "model.num_heads[1]=5"),
+        (dict(embed_dim=33), "model.num_heads[0]=2 does not divide the stage-0 width"),
+        (dict(img_size=60), "model.img_size=60"),
+        (dict(img_size=48), "Nearest valid model.img_size: 32 or 64"),  # 12x12 ok, then 6x6 vs window 4
+        (dict(img_size=66), "not divisible by patch_size=4"),
+        (dict(qkv="fuse"), "model.qkv='fuse' is not a known option; choose one of: fused, split, fused_split"),
+        (dict(patch_merging="strided"), "model.patch_merging='strided'"),
+        (dict(rel_pos_bias="table"), "choose one of: gather, onehot"),
+        (dict(depths="22"), "model.depths='22'"),
+        (dict(depths=(2, 2, 2)), "model.depths=[2, 2, 2] and model.num_heads=[2, 4]"),
+        (dict(drop_path_rate=1.0), "model.drop_path_rate=1.0"),
+        (dict(window_size=0), "model.window_size=0"),
+    ],
+)
+def test_invalid_config_names_the_key(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        MODELS.get("swin_micro")(**overrides)
+    assert message in str(err.value)
+
+
+def test_tiny_rejects_image_size_that_breaks_a_stage() -> None:
+    with pytest.raises(ConfigError, match=r"model.img_size=100 .*Nearest valid model.img_size: 224"):
+        MODELS.get("swin_tiny")(img_size=100)
+
+
+def test_variants_are_registered_with_their_defaults_in_the_signature() -> None:
+    for name, defaults in SWIN_VARIANTS.items():
+        builder = MODELS.get(name)
+        assert builder.__name__ == name
+        params = inspect.signature(builder).parameters
+        assert list(params) == list(inspect.signature(SwinTransformer).parameters)
+        assert all(params[k].default == v for k, v in defaults.items()), name
+    assert inspect.signature(MODELS.get("swin_tiny")).parameters["drop_path_rate"].default == 0.2
+
+
+def test_builder_overrides_win_and_typos_fail_through_the_registry() -> None:
+    model = MODELS.build({"name": "swin_micro", "embed_dim": 16, "num_heads": [1, 2], "num_classes": 3})
+    assert model.embed_dim == 16 and model.num_features == 32
+    with pytest.raises(ConfigError, match="model.embed_dims"):
+        MODELS.build({"name": "swin_micro", "embed_dims": 16})
+
+
+def test_accepts_omegaconf_lists() -> None:
+    omegaconf = pytest.importorskip("omegaconf")
+    cfg = omegaconf.OmegaConf.create({"depths": [1, 1], "num_heads": [2, 4]})
+    model = MODELS.get("swin_micro")(depths=cfg.depths, num_heads=cfg.num_heads)
+    assert len(model.layers) == 2 and len(model.layers[0].blocks) == 1

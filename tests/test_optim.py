@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, nn
+
+from swinexp.optim import adamw, param_groups, warmup_cosine
+from swinexp.registry import ConfigError
+
+
+class _Net(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(3, 2)
+        self.norm = nn.LayerNorm((2,))
+        self.relative_position_bias_table = Parameter(Tensor(np.zeros((4, 2), np.float32)))
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.norm(self.fc(x)) + self.relative_position_bias_table.sum()
+
+
+def test_weight_decay_skips_biases_norms_and_position_tables() -> None:
+    decay, no_decay = param_groups(_Net(), 0.05)
+    assert [p.name for p in decay["params"]] == ["fc.weight"] and decay["weight_decay"] == 0.05
+    assert sorted(p.name for p in no_decay["params"]) == ["fc.bias", "norm.beta", "norm.gamma",
+                                                          "relative_position_bias_table"]
+    assert no_decay["weight_decay"] == 0.0
+
+
+def _torch_adamw(p: np.ndarray, grads: list[np.ndarray], lrs: list[float], wd: float, b1: float = 0.9,
+                 b2: float = 0.999, eps: float = 1e-8) -> np.ndarray:
+    """torch.optim.AdamW's documented update, in float64."""
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        p = p * (1 - lr * wd)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    return p
+
+
+def test_adamw_follows_torch_adamw_with_bias_correction_and_per_step_lr() -> None:
+    net = nn.Dense(3, 2)
+    w0 = net.weight.asnumpy().astype(np.float64)
+    b0 = net.bias.asnumpy().astype(np.float64)
+    lrs = [0.1, 0.05, 0.01]
+    opt = adamw(net, Tensor(np.array(lrs, np.float32)), weight_decay=0.5)
+    rng = np.random.default_rng(0)
+    grads = [(rng.normal(size=(2, 3)), rng.normal(size=(2,))) for _ in lrs]
+    for gw, gb in grads:
+        opt((Tensor(gw.astype(np.float32)), Tensor(gb.astype(np.float32))))
+    np.testing.assert_allclose(net.weight.asnumpy(), _torch_adamw(w0, [g[0] for g in grads], lrs, 0.5), atol=1e-5)
+    np.testing.assert_allclose(net.bias.asnumpy(), _torch_adamw(b0, [g[1] for g in grads], lrs, 0.0), atol=1e-5)
+    assert int(opt.global_step.asnumpy()[0]) == 3
+
+
+def test_warmup_cosine_endpoints_follow_the_formula() -> None:
+    lr = warmup_cosine(base_lr=1e-3, epochs=10, steps_per_epoch=10, warmup_epochs=2, warmup_lr=1e-6, min_lr=1e-5)
+    assert lr.shape == (100,)
+    assert lr[0] == pytest.approx(1e-6)
+    assert lr[10] == pytest.approx(1e-6 + (1e-3 - 1e-6) * 10 / 20)
+    assert lr[20] == pytest.approx(1e-3)  # warmup done: the peak
+    assert lr[60] == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * 40 / 80)))
+    assert lr[-1] == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * 79 / 80)))
+    assert np.all(np.diff(lr[:20]) > 0) and np.all(np.diff(lr[20:]) < 0)
+
+
+def test_warmup_longer_than_training_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="warmup_epochs=5 must be < trainer.epochs=3"):
+        warmup_cosine(base_lr=1e-3, epochs=3, steps_per_epoch=4, warmup_epochs=5)
