@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from swinexp.amp import AmpPolicy
 from swinexp.config import TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
+from swinexp.data.targets import SmoothedTargets
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
 from swinexp.tracking import Tracker
 
@@ -73,7 +74,8 @@ def build_experiment(cfg: DictConfig) -> Experiment:
             f"model.num_classes={head} but data '{data_cfg['name']}' has {spec.num_classes} classes; "
             "leave model.num_classes at ${data.num_classes} or set both to the same value"
         )
-    train_loader, val_loader = build_loaders(spec, AUGMENTS.build(augment_cfg, img_size=spec.img_size), int(cfg.seed))
+    train_loader, val_loader = build_loaders(spec, AUGMENTS.build(augment_cfg, img_size=spec.img_size), int(cfg.seed),
+                                             SmoothedTargets(spec.num_classes, trainer.label_smoothing))
     steps = len(train_loader) if trainer.limit_train_batches is None else min(len(train_loader),
                                                                               trainer.limit_train_batches)
     optimizer_cfg = node(cfg, "optimizer")

@@ -7,25 +7,19 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from swinexp import checkpoint, hardware
-from swinexp.amp import AmpPolicy
 from swinexp.build import Experiment, build_experiment
 from swinexp.config import HardwareCfg
 from swinexp.evaluate import evaluate, make_eval_step
+from swinexp.step import make_train_step
 from swinexp.tracking import flatten
 
 log = logging.getLogger("swinexp")
-
-TrainStep = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-
 
 @dataclass(frozen=True)
 class JobInfo:
@@ -36,38 +30,6 @@ class JobInfo:
     choices: dict[str, str] = field(default_factory=dict)
 
 
-def soft_target_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean over the batch of -sum(targets * log_softmax(logits)); targets are (B, K) probabilities."""
-    return ops.mean(ops.sum(-targets * ops.log_softmax(ops.cast(logits, ms.float32), axis=-1), dim=-1))
-
-
-def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, num_classes: int,
-                    label_smoothing: float, clip_grad: float | None, jit: bool) -> TrainStep:
-    """(images, labels) -> (loss, global grad norm); one forward, backward and optimizer update."""
-    off_value = label_smoothing / num_classes
-    on_value = 1.0 - label_smoothing + off_value
-    on, off = Tensor(on_value, ms.float32), Tensor(off_value, ms.float32)
-
-    def forward(images: Tensor, labels: Tensor) -> Tensor:
-        targets = ops.one_hot(labels, num_classes, on, off)  # (B, K), smoothed: 1 - eps + eps/K and eps/K
-        return soft_target_cross_entropy(model(images), targets) * amp.loss_scale
-
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
-
-    def step(images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        scaled_loss, grads = grad_fn(images, labels)
-        grads = tuple(g / amp.loss_scale for g in grads)
-        grad_norm = ops.sqrt(ops.addn([ops.sum(ops.square(ops.cast(g, ms.float32))) for g in grads]))
-        if clip_grad is not None:
-            # torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when that is < 1
-            factor = ops.minimum(clip_grad / (grad_norm + 1e-6), 1.0)
-            grads = tuple(g * ops.cast(factor, g.dtype) for g in grads)
-        optimizer(grads)
-        return scaled_loss / amp.loss_scale, grad_norm
-
-    return ms.jit(step) if jit else step
-
-
 def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
     """Train for trainer.epochs, evaluating, logging and checkpointing after every epoch.
 
@@ -75,8 +37,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
         The metrics of every epoch, in order.
     """
     trainer, model = exp.trainer, exp.model
-    train_step = make_train_step(model, exp.optimizer, exp.amp, exp.data.num_classes, trainer.label_smoothing,
-                                 trainer.clip_grad, jit)
+    train_step = make_train_step(model, exp.optimizer, exp.amp, trainer.clip_grad, jit)
     eval_step = make_eval_step(model, jit)
     history: list[dict[str, float]] = []
     for epoch in range(trainer.epochs):
@@ -84,10 +45,10 @@ def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
         start, losses, seen = time.perf_counter(), [], 0
         bar = tqdm(total=exp.steps_per_epoch, desc=f"epoch {epoch + 1}/{trainer.epochs}", leave=False,
                    disable=not trainer.progress_bar, dynamic_ncols=True)
-        for index, (images, labels) in enumerate(exp.train_loader.epoch(epoch)):
+        for index, (images, targets) in enumerate(exp.train_loader.epoch(epoch)):
             if index == exp.steps_per_epoch:
                 break
-            loss, grad_norm = train_step(images, labels)
+            loss, grad_norm = train_step(images, targets)
             losses.append(float(loss))
             seen += int(images.shape[0])
             lr = float(exp.lr_schedule[epoch * exp.steps_per_epoch + index])

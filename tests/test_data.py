@@ -12,6 +12,7 @@ from swinexp.data.datasets import imagefolder, synthetic
 from swinexp.data.folder import scan_split
 from swinexp.data.pipeline import EpochSampler, build_loaders
 from swinexp.data.synthetic import generate
+from swinexp.data.targets import smooth_one_hot
 from swinexp.data.transforms import EvalTransform, RandomResizedCropFlip
 from swinexp.registry import ConfigError
 
@@ -112,9 +113,10 @@ def test_loaders_give_batches_of_normalized_images_and_labels(tmp_path: Path) ->
     train, val = build_loaders(spec, light(16), seed=0)
     batches = [(x.asnumpy(), y.asnumpy()) for x, y in train.epoch(0)]
     assert len(batches) == len(train) == 5 and batches[0][0].shape == (4, 3, 16, 16)
-    assert batches[0][1].dtype == np.int32
-    val_sizes = [x.shape[0] for x, _ in val.epoch(0)]
-    assert val_sizes == [4, 3] and len(val) == 2  # val keeps the remainder
+    assert batches[0][1].shape == (4, 2) and np.allclose(batches[0][1].sum(axis=1), 1)  # soft targets
+    val_batches = [(x.shape[0], y.asnumpy()) for x, y in val.epoch(0)]
+    assert [n for n, _ in val_batches] == [4, 3] and len(val) == 2  # val keeps the remainder
+    assert val_batches[0][1].dtype == np.int32
     again = [y.asnumpy() for _, y in train.epoch(0)]
     assert all(np.array_equal(a[1], b) for a, b in zip(batches, again))
     assert any(not np.array_equal(a[1], y.asnumpy()) for a, (_, y) in zip(batches, train.epoch(1)))
@@ -124,3 +126,8 @@ def test_train_split_smaller_than_a_batch_is_rejected(tmp_path: Path) -> None:
     spec = synthetic(root=str(tmp_path / "s"), num_train=4, num_val=4, num_classes=2, img_size=16, batch_size=8)
     with pytest.raises(ConfigError, match="fewer than one batch"):
         build_loaders(spec, light(16), seed=0)
+
+
+def test_smoothed_targets_follow_timm() -> None:
+    targets = smooth_one_hot(np.array([2, 0]), num_classes=4, smoothing=0.1)
+    assert np.allclose(targets[0], [0.025, 0.025, 0.925, 0.025]) and np.allclose(targets.sum(axis=1), 1)

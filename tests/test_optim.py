@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import math
 
-import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn

@@ -1,0 +1,36 @@
+"""Batch-level target transforms: (images, int labels, rng) -> (images, soft targets (B, K) float32).
+
+The train loss is always a soft-target cross entropy; label smoothing (and batch mixing such as Mixup/CutMix)
+lives here, on the host, where timm puts it too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+class BatchTransform(Protocol):
+    def __call__(self, images: np.ndarray, labels: np.ndarray,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def smooth_one_hot(labels: np.ndarray, num_classes: int, smoothing: float) -> np.ndarray:
+    """(B,) int -> (B, K): 1 - eps + eps/K on the label, eps/K elsewhere (timm's `one_hot` with smoothing)."""
+    off = smoothing / num_classes
+    targets = np.full((labels.shape[0], num_classes), off, np.float32)
+    targets[np.arange(labels.shape[0]), labels] = 1.0 - smoothing + off
+    return targets
+
+
+@dataclass(frozen=True)
+class SmoothedTargets:
+    """No mixing: smoothed one-hot targets."""
+
+    num_classes: int
+    smoothing: float = 0.1
+
+    def __call__(self, images: np.ndarray, labels: np.ndarray,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        return images, smooth_one_hot(labels, self.num_classes, self.smoothing)
