@@ -1,10 +1,9 @@
 """Train one configuration: `python run.py [group=option ...] [key=value ...]`, or a sweep with `-m`."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import swinexp  # noqa: F401  (registers components and config schemas before Hydra composes)
@@ -14,15 +13,11 @@ from swinexp.train import JobInfo, run
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    hydra_cfg = HydraConfig.get()
-    job = JobInfo(
-        run_dir=Path(hydra_cfg.runtime.output_dir),
-        overrides=list(hydra_cfg.overrides.task),
-        choices=dict(hydra_cfg.runtime.choices),
-    )
     try:
-        metrics = run(cfg, job)
+        metrics = run(cfg, JobInfo.from_hydra(HydraConfig.get()))
     except ConfigError as err:  # a user mistake: say what to fix, without a traceback
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the sweep records this job as failed and goes on with the next
         raise SystemExit(f"ConfigError: {err}") from None
     return metrics.get(cfg.optimized_metric) if cfg.get("optimized_metric") else None
 

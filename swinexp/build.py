@@ -11,8 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 from swinexp.amp import AmpPolicy
 from swinexp.config import TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
-from swinexp.data.targets import SmoothedTargets
+from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
+from swinexp.step import ACCUMULATE_ON
 from swinexp.tracking import Tracker
 
 
@@ -29,7 +30,8 @@ class Experiment:
     amp: AmpPolicy
     trainer: TrainerCfg
     tracker: Tracker
-    steps_per_epoch: int
+    steps_per_epoch: int             # optimizer steps; each takes trainer.accumulation_steps batches
+    total_batch: int = 0             # images per optimizer step: batch x devices x accumulation_steps
 
 
 def node(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -47,11 +49,15 @@ def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
     trainer: TrainerCfg = OmegaConf.to_object(cfg.trainer)  # typed by the base_trainer schema
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs} must be >= 1")
-    if trainer.accumulation_steps != 1:
-        raise ConfigError(
-            f"trainer.accumulation_steps={trainer.accumulation_steps}: gradient accumulation is not available yet; "
-            "use trainer.accumulation_steps=1 and a larger data.batch_size"
-        )
+    if trainer.accumulation_steps < 1:
+        raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} must be >= 1 (1 = no accumulation)")
+    if trainer.accumulate_on not in ACCUMULATE_ON:
+        raise ConfigError(f"trainer.accumulate_on='{trainer.accumulate_on}' is not valid; choose one of: "
+                          f"{', '.join(ACCUMULATE_ON)}")
+    if trainer.lr_batch_size is not None and trainer.lr_batch_size <= 0:
+        raise ConfigError(f"trainer.lr_batch_size={trainer.lr_batch_size} must be > 0, or null to use the LRs as given")
+    if trainer.ema.decay is not None and not 0 < trainer.ema.decay < 1:
+        raise ConfigError(f"trainer.ema.decay={trainer.ema.decay} must be in (0, 1), e.g. 0.9998, or null to disable")
     if trainer.clip_grad is not None and trainer.clip_grad <= 0:
         raise ConfigError(f"trainer.clip_grad={trainer.clip_grad} must be > 0, or null to disable clipping")
     if not 0 <= trainer.label_smoothing < 1:
@@ -59,13 +65,13 @@ def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
     return trainer
 
 
-def build_experiment(cfg: DictConfig) -> Experiment:
-    """Build tracker, model, data, optimizer and schedule from the composed config, cheapest checks first."""
+def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experiment:
+    """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first."""
     trainer = trainer_cfg(cfg)
     amp = AMP_POLICIES.build(node(cfg, "amp"))
     data_cfg = node(cfg, "data")
     augment_cfg = data_cfg.pop("augment", None) or {"name": "none"}
-    tracker = TRACKERS.build(node(cfg, "tracking"))
+    tracker = tracker if tracker is not None else TRACKERS.build(node(cfg, "tracking"))
     model = amp.apply(MODELS.build(node(cfg, "model")))
     spec = DATASETS.build(data_cfg)
     head = getattr(model, "num_classes", spec.num_classes)
@@ -74,12 +80,21 @@ def build_experiment(cfg: DictConfig) -> Experiment:
             f"model.num_classes={head} but data '{data_cfg['name']}' has {spec.num_classes} classes; "
             "leave model.num_classes at ${data.num_classes} or set both to the same value"
         )
-    train_loader, val_loader = build_loaders(spec, AUGMENTS.build(augment_cfg, img_size=spec.img_size), int(cfg.seed),
-                                             SmoothedTargets(spec.num_classes, trainer.label_smoothing))
-    steps = len(train_loader) if trainer.limit_train_batches is None else min(len(train_loader),
-                                                                              trainer.limit_train_batches)
+    augment = AUGMENTS.build(augment_cfg, img_size=spec.img_size, num_classes=spec.num_classes,
+                             label_smoothing=trainer.label_smoothing)
+    train_loader, val_loader = build_loaders(spec, augment.transform, int(cfg.seed), augment.targets)
+    batches = len(train_loader) if trainer.limit_train_batches is None else min(len(train_loader),
+                                                                                trainer.limit_train_batches)
+    steps = batches // trainer.accumulation_steps  # optimizer steps; a last incomplete window is dropped
+    if steps == 0:
+        raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} exceeds the {batches} train "
+                          "batches of an epoch; lower it or raise trainer.limit_train_batches / the data size")
+    total_batch = spec.batch_size * cfg.hardware.num_devices * cfg.hardware.num_nodes * trainer.accumulation_steps
     optimizer_cfg = node(cfg, "optimizer")
-    schedule = SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(optimizer_cfg["lr"]), epochs=trainer.epochs,
-                                steps_per_epoch=steps)
+    # every LR of the schedule (warmup start, peak, floor) scales alike, as in the official Swin main.py
+    scale = lr_scale(total_batch, trainer.lr_batch_size)
+    schedule = scale * SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(optimizer_cfg["lr"]),
+                                        epochs=trainer.epochs, steps_per_epoch=steps)
     optimizer = OPTIMIZERS.build({**optimizer_cfg, "lr": Tensor(schedule)}, model=model)
-    return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps)
+    return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
+                      total_batch=total_batch)

@@ -5,17 +5,30 @@ checked against the registered builder's signature instead, so every field is wr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
+from pathlib import Path
+
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+@dataclass
+class EmaCfg:
+    decay: Optional[float] = None               # weights EMA per optimizer step, evaluated as val_ema/*; null = off
 
 
 @dataclass
 class TrainerCfg:
     epochs: int = 10                            # full passes over the train set; metrics are logged per epoch
-    accumulation_steps: int = 1                 # micro-batches per optimizer step
-    clip_grad: Optional[float] = None           # global L2 norm bound on the gradient; null disables clipping
+    accumulation_steps: int = 1                 # micro-batches per optimizer step (gradients averaged over them)
+    accumulate_on: str = "device"               # device | cpu: where accumulate/clear ops run (graph mode)
+    clip_grad: Optional[float] = None           # bound on the unscaled, accumulated gradient's global L2 norm
+    lr_batch_size: Optional[int] = None         # LRs are quoted at this total batch and scaled linearly; null = as is
+    ema: EmaCfg = field(default_factory=EmaCfg)
     label_smoothing: float = 0.1                # folded into the soft targets of the cross entropy
     limit_train_batches: Optional[int] = None   # cap on batches per epoch (quick runs); null = whole epoch
     limit_val_batches: Optional[int] = None     # cap on validation batches; null = whole val set
@@ -36,3 +49,10 @@ def register_schemas() -> None:
     cs = ConfigStore.instance()
     cs.store(group="trainer", name="base_trainer", node=TrainerCfg)
     cs.store(group="hardware", name="base_hardware", node=HardwareCfg)
+
+
+def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
+    """Offer each `sweeps/<name>.yaml` as `+sweep=<name>` (a global-package config that sets the sweep params)."""
+    cs = ConfigStore.instance()
+    for path in sorted(Path(directory).glob("*.yaml")):
+        cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")

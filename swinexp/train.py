@@ -9,67 +9,120 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from swinexp import checkpoint, hardware
-from swinexp.build import Experiment, build_experiment
+from swinexp.build import Experiment, build_experiment, node
 from swinexp.config import HardwareCfg
 from swinexp.evaluate import evaluate, make_eval_step
 from swinexp.step import make_train_step
+from swinexp.sweep import SweepInfo, sweep_from_env
+from swinexp.registry import TRACKERS
 from swinexp.tracking import flatten
 
 log = logging.getLogger("swinexp")
 
 @dataclass(frozen=True)
 class JobInfo:
-    """What Hydra knows about the job: where it writes and which overrides and group choices made it."""
+    """What Hydra knows about the job: where it writes, which overrides and group choices made it, its sweep."""
 
     run_dir: Path
     overrides: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
+    sweep: SweepInfo | None = None
+
+    @classmethod
+    def from_hydra(cls, hydra_cfg: DictConfig) -> JobInfo:
+        """From `HydraConfig.get()` inside a Hydra job."""
+        sweep = sweep_from_env(int(hydra_cfg.job.get("num", 0))) if hydra_cfg.mode == RunMode.MULTIRUN else None
+        return cls(Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task),
+                   dict(hydra_cfg.runtime.choices), sweep)
+
+    def run_name(self) -> str:
+        if self.sweep is not None:
+            return self.sweep.run_name(self.overrides)
+        return " ".join(self.overrides) or "defaults"
+
+    def tags(self) -> dict[str, str]:
+        """Overrides, sweep membership, chosen group options and the code's git commit."""
+        tags = {"overrides": " ".join(self.overrides), **(self.sweep.tags() if self.sweep else {}),
+                **{f"choice.{k}": str(v) for k, v in self.choices.items()
+                   if v is not None and not k.startswith("hydra")}}
+        if commit := git_commit():
+            tags["git_commit"] = commit
+        return tags
 
 
 def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
     """Train for trainer.epochs, evaluating, logging and checkpointing after every epoch.
 
+    An epoch is `exp.steps_per_epoch` optimizer steps of `trainer.accumulation_steps` micro-batches each; the LR
+    schedule and every step counter count optimizer steps. With trainer.ema.decay set, the EMA weights are
+    evaluated too (val_ema/*).
+
     Returns:
         The metrics of every epoch, in order.
     """
-    trainer, model = exp.trainer, exp.model
-    train_step = make_train_step(model, exp.optimizer, exp.amp, trainer.clip_grad, jit)
+    trainer, model, optimizer = exp.trainer, exp.model, exp.optimizer
+    train_step = make_train_step(model, optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
+                                 trainer.accumulate_on, trainer.ema.decay)
     eval_step = make_eval_step(model, jit)
+    micro_batches = exp.steps_per_epoch * trainer.accumulation_steps
     history: list[dict[str, float]] = []
     for epoch in range(trainer.epochs):
         model.set_train(True)
-        start, losses, seen = time.perf_counter(), [], 0
+        start, losses, grad_norms, seen = time.perf_counter(), [], [], 0
+        overflow_steps, loss_scale = 0, float("nan")
         bar = tqdm(total=exp.steps_per_epoch, desc=f"epoch {epoch + 1}/{trainer.epochs}", leave=False,
                    disable=not trainer.progress_bar, dynamic_ncols=True)
         for index, (images, targets) in enumerate(exp.train_loader.epoch(epoch)):
-            if index == exp.steps_per_epoch:
+            if index == micro_batches:
                 break
-            loss, grad_norm = train_step(images, targets)
-            losses.append(float(loss))
+            out = train_step(images, targets)
+            losses.append(out.loss)
             seen += int(images.shape[0])
-            lr = float(exp.lr_schedule[epoch * exp.steps_per_epoch + index])
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{lr:.2e}", img_s=f"{seen / (time.perf_counter() - start):.1f}")
-            bar.update()
-            if not math.isfinite(losses[-1]):
-                raise FloatingPointError(f"train loss is {losses[-1]} at epoch {epoch + 1}, step {index + 1}")
+            if not math.isfinite(out.loss):
+                raise FloatingPointError(
+                    f"train loss is {out.loss} at epoch {epoch + 1}, batch {index + 1} (amp {exp.amp.level}): the "
+                    "forward pass itself is not finite, which loss scaling cannot fix; try amp=o1_manual or o0, "
+                    "a lower optimizer.lr, or trainer.clip_grad"
+                )
+            if out.updated:
+                overflow_steps += out.overflow
+                loss_scale = out.loss_scale
+                if not out.overflow:
+                    grad_norms.append(out.grad_norm)
+                bar.update()
+            # the LR of the last optimizer step taken (an overflow skip does not advance the optimizer)
+            lr = float(exp.lr_schedule[max(int(optimizer.global_step.asnumpy()[0]) - 1, 0)])
+            bar.set_postfix(loss=f"{out.loss:.4f}", lr=f"{lr:.2e}", img_s=f"{seen / (time.perf_counter() - start):.1f}")
         bar.close()
         train_time = time.perf_counter() - start
         val_batches = _limit(exp.val_loader.epoch(epoch), trainer.limit_val_batches)
-        metrics = {"train/loss": float(np.mean(losses)), "train/grad_norm": float(grad_norm), "lr": lr,
+        metrics = {"train/loss": float(np.mean(losses)),
+                   "train/grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+                   "train/overflow_steps": float(overflow_steps), "train/loss_scale": loss_scale,
+                   "train/optimizer_steps": float(optimizer.global_step.asnumpy()[0]),
+                   "train/total_batch": float(exp.total_batch), "lr": lr,
                    "epoch_time_s": time.perf_counter() - start, "train/images_per_s": seen / train_time,
                    **evaluate(model, val_batches, eval_step)}
+        if trainer.ema.decay is not None:
+            train_step.swap_ema()  # evaluate the EMA weights with the same compiled eval step, then swap back
+            ema_batches = _limit(exp.val_loader.epoch(epoch), trainer.limit_val_batches)
+            metrics.update({k.replace("val/", "val_ema/"): v for k, v in evaluate(model, ema_batches, eval_step).items()})
+            train_step.swap_ema()
+        metrics["epoch_time_s"] = time.perf_counter() - start
         exp.tracker.log_metrics(metrics, step=epoch + 1)  # step 10 = end of the tenth epoch
         meta = {"epoch": epoch + 1, "val_top1": metrics["val/top1"], "mlflow_run_id": exp.tracker.run_id or ""}
-        checkpoint.save(run_dir / "checkpoints" / "last.ckpt", model, exp.optimizer, meta)
+        checkpoint.save(run_dir / "checkpoints" / "last.ckpt", model, optimizer, meta)
         if metrics["val/top1"] > max((m["val/top1"] for m in history), default=-math.inf):
-            checkpoint.save(run_dir / "checkpoints" / "best.ckpt", model, exp.optimizer, meta)
-        log.info("epoch %d/%d  train/loss %.4f  val/loss %.4f  val/top1 %.2f  val/top5 %.2f  lr %.2e  %.1f s  %.1f img/s",
-                 epoch + 1, trainer.epochs, metrics["train/loss"], metrics["val/loss"], metrics["val/top1"],
-                 metrics["val/top5"], lr, metrics["epoch_time_s"], metrics["train/images_per_s"])
+            checkpoint.save(run_dir / "checkpoints" / "best.ckpt", model, optimizer, meta)
+        log.info("epoch %d/%d  train/loss %.4f  val/loss %.4f  val/top1 %.2f  val/top5 %.2f  lr %.2e  "
+                 "overflow %d  scale %g  %.1f s  %.1f img/s", epoch + 1, trainer.epochs, metrics["train/loss"],
+                 metrics["val/loss"], metrics["val/top1"], metrics["val/top5"], lr, overflow_steps, loss_scale,
+                 metrics["epoch_time_s"], metrics["train/images_per_s"])
         history.append(metrics)
     return history
 
@@ -91,29 +144,28 @@ def git_commit() -> str | None:
 
 
 def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
-    """Apply the hardware settings, build everything, train, and end the tracker run with the right status."""
+    """Apply the hardware settings, open the tracker run, build, train, and end the run with the right status.
+
+    The run is opened before the rest is built, so a job whose config fails still shows up as a FAILED run.
+    """
     hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
     hardware.apply(hw, int(cfg.seed))
-    exp = build_experiment(cfg)
-    job.run_dir.mkdir(parents=True, exist_ok=True)
-    run_name = " ".join(job.overrides) or "defaults"
-    tags = {"overrides": run_name, **{f"choice.{k}": str(v) for k, v in job.choices.items() if v is not None
-                                       and not k.startswith("hydra")}}
-    if commit := git_commit():
-        tags["git_commit"] = commit
-    exp.tracker.start(run_name[:250], tags)
+    tracker = TRACKERS.build(node(cfg, "tracking"))  # an unreachable store fails here, before anything is built
+    tracker.start(job.run_name()[:250], job.tags())
     try:
-        exp.tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
-        (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        job.run_dir.mkdir(parents=True, exist_ok=True)
         (job.run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(job.overrides))))
-        exp.tracker.log_artifact(job.run_dir / "config.yaml")
-        exp.tracker.log_artifact(job.run_dir / "overrides.yaml")
+        tracker.log_artifact(job.run_dir / "overrides.yaml")
+        exp = build_experiment(cfg, tracker)
+        tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+        (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        tracker.log_artifact(job.run_dir / "config.yaml")
         history = fit(exp, job.run_dir, jit=hw.mode == "graph")
     except KeyboardInterrupt:
-        exp.tracker.close("KILLED")
+        tracker.close("KILLED")
         raise
     except BaseException:
-        exp.tracker.close("FAILED")
+        tracker.close("FAILED")
         raise
-    exp.tracker.close("FINISHED")
+    tracker.close("FINISHED")
     return {**history[-1], "val/top1_best": max(m["val/top1"] for m in history)}

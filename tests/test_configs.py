@@ -17,7 +17,7 @@ from swinexp.registry import ConfigError
 from tests.conftest import CONF_DIR
 
 # Arguments the framework passes at build time rather than the YAML: they must not appear in the files.
-RUNTIME_ARGS = {"data/augment": {"img_size"}, "optimizer": {"model"},
+RUNTIME_ARGS = {"data/augment": {"img_size", "num_classes", "label_smoothing"}, "optimizer": {"model"},
                 "scheduler": {"base_lr", "epochs", "steps_per_epoch"}}
 
 
@@ -46,7 +46,7 @@ def test_yaml_mirrors_builder_parameters_one_to_one(group: str, option: str) -> 
 @pytest.mark.parametrize("group,option", group_options())
 def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: str, option: str,
                                     tmp_path: Path) -> None:
-    overrides, smoke = [f"{group}={option}"], True
+    overrides, smoke = [f"{'+' if group == 'model/rewrites' else ''}{group}={option}"], True
     if (group, option) == ("data", "imagefolder"):
         smoke = False  # the smoke overrides set synthetic-only keys
         for split in ("train", "val"):
@@ -73,6 +73,10 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
     elif group == "scheduler":
         lr = REGISTRIES[group].build(node(cfg, group), base_lr=1e-3, epochs=3, steps_per_epoch=4)
         assert lr.shape == (12,) and lr.max() <= 1e-3 + 1e-9
+    elif group == "model/rewrites":  # a preset of model switches, merged into `model`
+        preset = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
+        assert all(cfg.model[k] == v for k, v in preset.items())
+        assert REGISTRIES["model"].build(node(cfg, "model")) is not None
     elif group == "data":
         spec = REGISTRIES[group].build({k: v for k, v in node(cfg, group).items() if k != "augment"})
         assert spec.num_classes == cfg.data.num_classes

@@ -1,0 +1,128 @@
+"""Sweeps through the real CLI (`-m`), into a real `mlflow server` on 127.0.0.1 started by the test."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+import yaml
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from swinexp.config import SWEEPS_DIR
+from tests.conftest import ROOT, SMOKE
+
+pytestmark = pytest.mark.slow
+
+# The jobs each named sweep must expand to (as `key=value` overrides).
+EXPECTED_JOBS = {
+    "amp_ablation": [["amp=o0"], ["amp=o2"], ["amp=o1_manual"]],
+    "index_rewrites": [[f"+model/rewrites={r}"] for r in
+                       ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")],
+    "seeds": [["seed=1"], ["seed=2"], ["seed=3"]],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real tracking server with a sqlite backend in a temp dir; stopped (with its workers) at the end."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError((root / "server.log").read_text()[-2000:])
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("mlflow server did not answer /health in 60 s")
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900)
+
+
+def _smoke(data_root: Path) -> list[str]:
+    return [o for o in SMOKE if not o.startswith("tracking=")] + [f"data.root={data_root}", "trainer.epochs=2"]
+
+
+def test_every_sweep_file_is_known() -> None:
+    assert sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")) == sorted(EXPECTED_JOBS)
+
+
+@pytest.mark.parametrize("sweep", sorted(EXPECTED_JOBS))
+def test_named_sweep_expands_to_jobs_that_compose(sweep: str, tmp_path: Path,
+                                                  compose: Callable[..., DictConfig]) -> None:
+    out = _run(f"+sweep={sweep}", "--cfg", "hydra", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    hydra_cfg = yaml.safe_load(out.stdout)["hydra"]
+    assert hydra_cfg["mode"] == "MULTIRUN"
+    params = [f"{k}={v}" for k, v in hydra_cfg["sweeper"]["params"].items()]
+    (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), max_batch_size=None)
+    assert [list(job) for job in jobs] == EXPECTED_JOBS[sweep]
+    for job in jobs:
+        compose(*job)  # every job's config composes (the options exist)
+
+
+def test_sweep_logs_a_parent_and_named_children_to_a_server(mlflow_server: str, tmp_path: Path) -> None:
+    out = _run("-m", "amp=o0,o2", *_smoke(tmp_path / "data"), "tracking=mlflow", f"tracking.uri={mlflow_server}",
+               "tracking.experiment=sweep", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    client = MlflowClient(mlflow_server)
+    runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    children = sorted((r for r in runs if r is not parent), key=lambda r: int(r.data.tags["sweep.job"]))
+    assert parent.info.run_name == "sweep amp=o0,o2" and parent.info.status == "FINISHED"
+    assert parent.data.params["sweep.definition"] == "amp=o0,o2"
+    assert [c.info.run_name for c in children] == ["amp=o0", "amp=o2"]
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["sweep.id"] == parent.info.run_id and child.data.tags["sweep.keys"] == "amp"
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "val/top1")] == [1, 2]
+    assert children[1].data.params["amp.name"] == "o2"
+
+
+def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = _run("-m", "trainer.epochs=0,2", *[o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=2"],
+               "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "trainer.epochs=0 must be >= 1" in out.stderr, out.stderr[-3000:]
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    status = {r.info.run_name: r.info.status for r in runs}
+    assert status == {"sweep trainer.epochs=0,2": "FAILED", "trainer.epochs=0": "FAILED",
+                      "trainer.epochs=2": "FINISHED"}
+    (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    assert "#0 trainer.epochs=0" in parent.data.tags["sweep.failed_jobs"]
