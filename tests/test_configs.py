@@ -47,9 +47,9 @@ def test_yaml_mirrors_builder_parameters_one_to_one(group: str, option: str) -> 
 def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: str, option: str,
                                     tmp_path: Path) -> None:
     overrides, smoke = [f"{'+' if group == 'model/rewrites' else ''}{group}={option}"], True
-    if (group, option) == ("data", "imagefolder"):
+    if group == "data" and option != "synthetic":
         smoke = False  # the smoke overrides set synthetic-only keys
-        for split in ("train", "val"):
+        for split in ("train", "test" if option == "cifar10_folder" else "val"):
             for name in ("a", "b"):
                 (tmp_path / "folder" / split / name).mkdir(parents=True)
                 Image.new("RGB", (20, 20)).save(tmp_path / "folder" / split / name / "0.jpg")

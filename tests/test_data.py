@@ -1,16 +1,19 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from swinexp.data.augment import light
-from swinexp.data.datasets import imagefolder, synthetic
+from swinexp.data.augment import light, swin
+from swinexp.data.datasets import cifar10_folder, imagefolder, synthetic
+from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import scan_split
-from swinexp.data.pipeline import EpochSampler, build_loaders
+from swinexp.data.pipeline import DecodeTransform, EpochSampler, build_loaders
 from swinexp.data.synthetic import generate
 from swinexp.data.targets import smooth_one_hot
 from swinexp.data.transforms import EvalTransform, RandomResizedCropFlip
@@ -74,16 +77,23 @@ def test_imagefolder_class_count_must_match_num_classes(tmp_path: Path) -> None:
         imagefolder(str(tmp_path / "nowhere"))
 
 
-def test_sampler_shards_cover_each_sample_once_and_reshuffle_per_epoch() -> None:
+def test_val_shards_cover_each_sample_exactly_once() -> None:
+    shards = [EpochSampler(10, seed=1, shuffle=False, num_shards=3, shard_id=i) for i in range(3)]
+    assert sorted(np.concatenate([s.indices() for s in shards]).tolist()) == list(range(10))
+    assert [len(s) for s in shards] == [4, 3, 3]
+
+
+def test_train_shards_are_disjoint_equal_and_reshuffled_per_epoch() -> None:
     shards = [EpochSampler(10, seed=1, shuffle=True, num_shards=3, shard_id=i) for i in range(3)]
     epoch0 = np.concatenate([s.indices() for s in shards])
-    assert sorted(epoch0.tolist()) == list(range(10))
+    assert len(set(epoch0.tolist())) == 9 and [len(s) for s in shards] == [3, 3, 3]  # equal steps on every rank
     for s in shards:
         s.epoch = 1
     epoch1 = np.concatenate([s.indices() for s in shards])
-    assert sorted(epoch1.tolist()) == list(range(10)) and epoch1.tolist() != epoch0.tolist()
-    assert [len(s) for s in shards] == [4, 3, 3]
+    assert len(set(epoch1.tolist())) == 9 and epoch1.tolist() != epoch0.tolist()
     assert list(shards[0])[0] == 10 + shards[0].indices()[0]  # the epoch travels inside the index
+    whole = EpochSampler(10, seed=1, shuffle=True)
+    assert sorted(whole.indices().tolist()) == list(range(10))  # one process: every sample, every epoch
 
 
 def test_eval_transform_resizes_short_side_then_center_crops() -> None:
@@ -131,3 +141,119 @@ def test_train_split_smaller_than_a_batch_is_rejected(tmp_path: Path) -> None:
 def test_smoothed_targets_follow_timm() -> None:
     targets = smooth_one_hot(np.array([2, 0]), num_classes=4, smoothing=0.1)
     assert np.allclose(targets[0], [0.025, 0.025, 0.925, 0.025]) and np.allclose(targets.sum(axis=1), 1)
+
+
+CIFAR_TAR = Path("/work/shared/datasets/cifar10")
+
+
+def _write_bad_inputs(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """One real file per awkward case; returns the RGB each readable one must decode to (top-left pixel)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGBA", (8, 8), (10, 20, 30, 0)).save(folder / "rgba.png")
+    Image.new("L", (8, 8), 77).save(folder / "gray.jpg", quality=100)
+    Image.new("CMYK", (8, 8), (0, 255, 255, 0)).save(folder / "cmyk.jpg", quality=100)  # pure red in CMYK
+    palette = Image.new("P", (8, 8), 1)
+    palette.putpalette([0, 0, 0, 200, 40, 60] + [0] * 762)
+    palette.info["transparency"] = 0
+    palette.save(folder / "palette.png", transparency=0)
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(folder / "png_named.JPEG", format="PNG")  # content wins over name
+    return {"rgba.png": (10, 20, 30), "gray.jpg": (77, 77, 77), "cmyk.jpg": (255, 0, 0),
+            "palette.png": (200, 40, 60), "png_named.JPEG": (1, 2, 3)}
+
+
+def _write_corrupt(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    good = folder / "good.jpg"
+    Image.effect_noise((64, 64), 50).convert("RGB").save(good, quality=95)
+    truncated, empty, text = folder / "truncated.jpg", folder / "empty.jpg", folder / "notes.jpg"
+    truncated.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
+    empty.write_bytes(b"")
+    text.write_text("not an image")
+    return [truncated, empty, text]
+
+
+def test_awkward_modes_and_misnamed_files_decode_to_rgb(tmp_path: Path) -> None:
+    for name, rgb in _write_bad_inputs(tmp_path).items():
+        img = load_rgb(str(tmp_path / name))
+        assert img.mode == "RGB", name
+        assert np.allclose(np.asarray(img)[0, 0], rgb, atol=3), name  # JPEG may round by a level or two
+    Image.fromarray(np.full((4, 4), 60000, np.uint16)).save(tmp_path / "deep.png")  # 16-bit gray: scaled, not clipped
+    assert tuple(np.asarray(load_rgb(str(tmp_path / "deep.png")))[0, 0]) == (234, 234, 234)
+
+
+def test_unreadable_files_raise_decode_errors(tmp_path: Path) -> None:
+    for path in _write_corrupt(tmp_path):
+        with pytest.raises(DECODE_ERRORS):
+            load_rgb(str(path))
+
+
+def test_unreadable_file_is_replaced_by_the_next_sample_logged_and_flagged(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    bad = _write_corrupt(tmp_path)
+    samples = ((str(bad[0]), 0), (str(tmp_path / "good.jpg"), 1))
+    source = DecodeTransform(samples, EvalTransform(16, 1.0), seed=0)
+    with caplog.at_level(logging.WARNING):
+        image, label, index, skipped = source[0]
+    assert label == 1 and skipped == 1 and index == 0 and image.shape == (3, 16, 16)
+    assert "truncated.jpg" in caplog.text
+    assert source[1][3] == 0
+
+
+def test_loader_counts_skipped_files_per_epoch(tmp_path: Path) -> None:
+    root = tmp_path / "set"
+    _write_folder(root, {"train": {"a": 6, "b": 6}, "val": {"a": 2, "b": 2}})
+    for path in _write_corrupt(tmp_path / "bad"):
+        path.rename(root / "train" / "a" / path.name)
+    (root / "val" / "b" / "broken.jpg").write_bytes(b"\xff\xd8\xff")
+    train, val = build_loaders(imagefolder(str(root), num_classes=2, img_size=16, batch_size=3, num_workers=2),
+                               light(16, num_classes=2), seed=0)
+    assert sum(1 for _ in train.epoch(0)) == 5 and train.skipped_files == 3  # 15 files, 3 unreadable, all counted
+    assert sum(x.shape[0] for x, _ in val.epoch(0)) == 5 and val.skipped_files == 1
+    assert sum(1 for _ in train.epoch(1)) == 5 and train.skipped_files == 3  # reset, then counted again
+
+
+def test_mixup_pair_mode_needs_an_even_batch(tmp_path: Path) -> None:
+    spec = synthetic(root=str(tmp_path / "s"), num_train=20, num_val=4, num_classes=2, img_size=16, batch_size=3)
+    aug = swin(16, num_classes=2, mixup_mode="pair")
+    with pytest.raises(ConfigError, match="even data.batch_size"):
+        build_loaders(spec, aug.transform, 0, aug.targets)
+
+
+def test_swin_preset_loader_gives_mixed_soft_targets(tmp_path: Path) -> None:
+    spec = synthetic(root=str(tmp_path / "s"), num_train=16, num_val=4, num_classes=4, img_size=32, batch_size=8)
+    aug = swin(32, num_classes=4, label_smoothing=0.1)
+    train, _ = build_loaders(spec, aug.transform, 0, aug.targets)
+    targets = [y.asnumpy() for _, y in train.epoch(0)]
+    assert len(targets) == 2 and all(np.allclose(t.sum(axis=1), 1) for t in targets)
+    assert max((t > 0.03).sum(axis=1).max() for t in targets) == 2  # two classes per row: mixed
+    assert all(np.array_equal(a, y.asnumpy()) for a, (_, y) in zip(targets, train.epoch(0)))  # reproducible
+
+
+@pytest.fixture(scope="module")
+def cifar_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 train and 2 test JPEGs per class, extracted from the shared CIFAR-10 tars (skip when absent)."""
+    if not (CIFAR_TAR / "train.tar").is_file() or not (CIFAR_TAR / "test.tar").is_file():
+        pytest.skip(f"CIFAR-10 tars not found under {CIFAR_TAR}")
+    root = tmp_path_factory.mktemp("cifar10")
+    for split, per_class in (("train", 3), ("test", 2)):
+        with tarfile.open(CIFAR_TAR / f"{split}.tar") as tar:
+            kept: dict[str, int] = {}
+            for member in tar:
+                parts = Path(member.name).parts
+                if member.isfile() and len(parts) == 3 and kept.get(parts[1], 0) < per_class:
+                    kept[parts[1]] = kept.get(parts[1], 0) + 1
+                    tar.extract(member, root, filter="data")
+                if len(kept) == 10 and all(v == per_class for v in kept.values()):
+                    break
+    return root
+
+
+def test_cifar10_folder_reads_train_and_test_splits(cifar_subset: Path) -> None:
+    spec = cifar10_folder(str(cifar_subset), batch_size=10, num_workers=1)
+    assert spec.classes[:3] == ("airplane", "automobile", "bird") and spec.num_classes == 10
+    assert len(spec.train) == 30 and len(spec.val) == 20 and spec.img_size == 32
+    aug = swin(32, num_classes=10)
+    train, val = build_loaders(spec, aug.transform, 0, aug.targets)
+    x, y = next(iter(train.epoch(0)))
+    assert x.shape == (10, 3, 32, 32) and y.shape == (10, 10)
+    assert next(iter(val.epoch(0)))[1].asnumpy()[:3].tolist() == [0, 0, 1]

@@ -22,6 +22,7 @@ class DataSpec:
     batch_size: int
     num_workers: int
     crop_pct: float
+    python_multiprocessing: bool = True  # workers as processes (True) or threads
 
     @property
     def num_classes(self) -> int:
@@ -72,3 +73,11 @@ def synthetic(root: str | None = None, num_train: int = 2000, num_val: int = 500
     folder = generate(Path(root) if root else default_cache_dir() / key, num_train, num_val, num_classes,
                       img_size, generator_seed)
     return imagefolder(str(folder), num_classes, img_size, batch_size, num_workers, crop_pct)
+
+
+@DATASETS.register("cifar10_folder")
+def cifar10_folder(root: str, num_classes: int = 10, img_size: int = 32, batch_size: int = 128, num_workers: int = 2,
+                   crop_pct: float = 1.0) -> DataSpec:
+    """CIFAR-10 as JPEG class folders, `<root>/train/<class>/*.jpg` and `<root>/test/<class>/*.jpg` (test = val)."""
+    return imagefolder(root, num_classes, img_size, batch_size, num_workers, crop_pct, train_split="train",
+                       val_split="test")

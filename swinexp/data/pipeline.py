@@ -1,18 +1,23 @@
 """Batches from a DataSpec: decode -> transform -> batch, in MindSpore dataset workers, one epoch at a time."""
 from __future__ import annotations
 
+import logging
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import mindspore.dataset as msds
 import numpy as np
-from PIL import Image
 
 from swinexp.data.datasets import DataSpec
+from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import Sample
+from swinexp.data.mixup import Mixup
 from swinexp.data.targets import BatchTransform, SmoothedTargets
 from swinexp.data.transforms import EvalTransform, Transform
 from swinexp.registry import ConfigError
+
+log = logging.getLogger(__name__)
+MAX_CONSECUTIVE_SKIPS = 50  # more unreadable files in a row means a broken dataset, not a stray bad file
 
 
 class EpochSampler:
@@ -30,17 +35,27 @@ class EpochSampler:
     def indices(self) -> np.ndarray:
         order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
                  if self.shuffle else np.arange(self.num_samples))
-        return order[self.shard_id::self.num_shards]
+        shard = order[self.shard_id::self.num_shards]
+        # Shuffled (train) shards are cut to one length so every rank takes the same number of steps and no
+        # all-reduce waits for a rank that has run out; the few samples left over differ from epoch to epoch.
+        return shard[:self.num_samples // self.num_shards] if self.shuffle else shard
 
     def __iter__(self) -> Iterator[int]:
         return iter((self.epoch * self.num_samples + self.indices()).tolist())
 
     def __len__(self) -> int:
+        if self.shuffle:
+            return self.num_samples // self.num_shards
         return len(range(self.shard_id, self.num_samples, self.num_shards))
 
 
 class DecodeTransform:
-    """Random-access source: index -> (float32 CHW image, int32 label, int64 epoch-carrying index)."""
+    """Random-access source: index -> (float32 CHW image, int32 label, int64 epoch-carrying index, int32 skipped).
+
+    An unreadable file (corrupt, truncated, not an image) is logged by name and replaced by the next readable
+    sample, as timm's ImageDataset does; `skipped` is 1 for such a sample, so the count reaches the main process
+    through the batches even when workers are separate processes.
+    """
 
     def __init__(self, samples: tuple[Sample, ...], transform: Transform, seed: int) -> None:
         self.samples, self.transform, self.seed = samples, transform, seed
@@ -48,12 +63,20 @@ class DecodeTransform:
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int32, np.int64]:
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int32, np.int64, np.int32]:
         epoch, i = divmod(int(index), len(self.samples))
-        path, label = self.samples[i]
-        with Image.open(path) as img:
-            rgb = img.convert("RGB")
-        return self.transform(rgb, np.random.default_rng([self.seed, epoch, i])), np.int32(label), np.int64(index)
+        for attempt in range(min(MAX_CONSECUTIVE_SKIPS, len(self.samples))):
+            path, label = self.samples[(i + attempt) % len(self.samples)]
+            try:
+                rgb = load_rgb(path)
+            except DECODE_ERRORS as err:
+                log.warning("skipping unreadable image '%s' (%s: %s); using the next sample", path,
+                            type(err).__name__, err)
+                continue
+            image = self.transform(rgb, np.random.default_rng([self.seed, epoch, i]))
+            return image, np.int32(label), np.int64(index), np.int32(attempt > 0)
+        raise RuntimeError(f"{MAX_CONSECUTIVE_SKIPS} consecutive unreadable images starting at "
+                           f"'{self.samples[i][0]}'; check the files under data.root")
 
 
 class BatchTargets:
@@ -63,21 +86,25 @@ class BatchTargets:
         self.transform, self.seed = transform, seed
 
     def __call__(self, images: list[np.ndarray], labels: list[np.ndarray], indices: list[np.ndarray],
-                 batch_info: object) -> tuple[np.ndarray, np.ndarray]:
+                 skipped: list[np.ndarray], batch_info: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, *np.stack(indices).tolist()])
-        return self.transform(np.stack(images), np.stack(labels), rng)
+        images_out, targets = self.transform(np.stack(images), np.stack(labels), rng)
+        return images_out, targets, np.stack(skipped)
 
 
 class Loader:
     """One split of a dataset; `epoch(e)` iterates its batches as MindSpore tensors.
 
     A train loader (given `targets`) yields (images, soft targets (B, K)); a val loader yields (images, labels).
+    `skipped_files` counts the unreadable files replaced so far in the current epoch (reset by `epoch`).
     """
 
     def __init__(self, samples: tuple[Sample, ...], transform: Transform, batch_size: int, num_workers: int,
-                 seed: int, targets: BatchTransform | None = None) -> None:
+                 seed: int, targets: BatchTransform | None = None, python_multiprocessing: bool = True,
+                 num_shards: int = 1, shard_id: int = 0) -> None:
         train = targets is not None
-        self.sampler = EpochSampler(len(samples), seed, shuffle=train)
+        self.skipped_files = 0
+        self.sampler = EpochSampler(len(samples), seed, shuffle=train, num_shards=num_shards, shard_id=shard_id)
         self.batch_size, self.drop_remainder = batch_size, train
         if train and len(self.sampler) < batch_size:
             raise ConfigError(
@@ -87,31 +114,43 @@ class Loader:
         source = DecodeTransform(samples, transform, seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dataset = msds.GeneratorDataset(source, ["image", "label", "index"], sampler=self.sampler,
+            dataset = msds.GeneratorDataset(source, ["image", "label", "index", "skipped"], sampler=self.sampler,
                                             num_parallel_workers=num_workers,
-                                            python_multiprocessing=num_workers > 1)
+                                            python_multiprocessing=python_multiprocessing and num_workers > 1)
         if train:
             self.dataset = dataset.batch(batch_size, drop_remainder=True, per_batch_map=BatchTargets(targets, seed),
-                                         input_columns=["image", "label", "index"],
-                                         output_columns=["image", "target"])
+                                         input_columns=["image", "label", "index", "skipped"],
+                                         output_columns=["image", "target", "skipped"])
         else:
-            self.dataset = dataset.project(["image", "label"]).batch(batch_size, drop_remainder=False)
+            self.dataset = dataset.project(["image", "label", "skipped"]).batch(batch_size, drop_remainder=False)
 
     def __len__(self) -> int:
         full, rest = divmod(len(self.sampler), self.batch_size)
         return full + (1 if rest and not self.drop_remainder else 0)
 
     def epoch(self, epoch: int) -> Iterator[tuple]:
-        """Batches of epoch `epoch` (0-based): images (B, 3, H, W) float32 and targets or labels."""
+        """Batches of epoch `epoch` (0-based): images (B, 3, H, W) float32 and targets or labels.
+
+        While it runs, `skipped_files` counts the unreadable files replaced in the batches yielded so far.
+        """
         self.sampler.epoch = epoch
-        return self.dataset.create_tuple_iterator(num_epochs=1)
+        self.skipped_files = 0
+        for images, targets, skipped in self.dataset.create_tuple_iterator(num_epochs=1):
+            self.skipped_files += int(skipped.asnumpy().sum())
+            yield images, targets
 
 
-def build_loaders(spec: DataSpec, train_transform: Transform, seed: int,
-                  targets: BatchTransform | None = None) -> tuple[Loader, Loader]:
+def build_loaders(spec: DataSpec, train_transform: Transform, seed: int, targets: BatchTransform | None = None,
+                  num_shards: int = 1, shard_id: int = 0) -> tuple[Loader, Loader]:
     """Train loader (shuffled per epoch, augmented, full batches, soft targets) and val loader (fixed order,
-    eval transform, int labels). `targets` defaults to one-hot targets without smoothing."""
+    eval transform, int labels), each reading shard `shard_id` of `num_shards` (one per data-parallel rank).
+    `targets` defaults to one-hot targets without smoothing."""
     targets = targets or SmoothedTargets(spec.num_classes, smoothing=0.0)
-    train = Loader(spec.train, train_transform, spec.batch_size, spec.num_workers, seed, targets)
-    val = Loader(spec.val, EvalTransform(spec.img_size, spec.crop_pct), spec.batch_size, spec.num_workers, seed)
+    if isinstance(targets, Mixup) and targets.mode == "pair" and spec.batch_size % 2:
+        raise ConfigError(f"data.augment.mixup_mode=pair mixes image i with B-1-i and needs an even "
+                          f"data.batch_size, got {spec.batch_size}")
+    train = Loader(spec.train, train_transform, spec.batch_size, spec.num_workers, seed, targets,
+                   spec.python_multiprocessing, num_shards, shard_id)
+    val = Loader(spec.val, EvalTransform(spec.img_size, spec.crop_pct), spec.batch_size, spec.num_workers, seed,
+                 python_multiprocessing=spec.python_multiprocessing, num_shards=num_shards, shard_id=shard_id)
     return train, val

@@ -6,11 +6,12 @@ augmented sample is the same whatever worker process computes it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageEnhance
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -20,6 +21,7 @@ INTERPOLATIONS = {
     "bilinear": Image.Resampling.BILINEAR,
     "nearest": Image.Resampling.NEAREST,
 }
+TRAIN_INTERPOLATIONS = (*INTERPOLATIONS, "random")  # random: bilinear or bicubic per image, as timm
 
 
 class Transform(Protocol):
@@ -51,21 +53,22 @@ class EvalTransform:
             new_w, new_h = int(scale_size * w / h), scale_size
         if (new_w, new_h) != (w, h):
             img = img.resize((new_w, new_h), INTERPOLATIONS[self.interpolation])
-        left = int(round((new_w - self.img_size) / 2.0))
-        top = int(round((new_h - self.img_size) / 2.0))
+        left = round((new_w - self.img_size) / 2.0)
+        top = round((new_h - self.img_size) / 2.0)
         img = img.crop((left, top, left + self.img_size, top + self.img_size))
         return to_normalized_chw(img)
 
 
 @dataclass(frozen=True)
 class RandomResizedCropFlip:
-    """torchvision/timm RandomResizedCrop (10 tries, then a ratio-clamped center crop) and a horizontal flip."""
+    """torchvision/timm RandomResizedCrop (10 tries, then a ratio-clamped center crop) and random flips."""
 
     img_size: int
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     interpolation: str = "bicubic"
     hflip: float = 0.5
+    vflip: float = 0.0
 
     def crop_box(self, width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
         """(top, left, h, w) of the crop, exactly as torchvision's `RandomResizedCrop.get_params`."""
@@ -74,23 +77,58 @@ class RandomResizedCropFlip:
         for _ in range(10):
             target_area = area * rng.uniform(self.scale[0], self.scale[1])
             aspect = math.exp(rng.uniform(*log_ratio))
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
+            w = round(math.sqrt(target_area * aspect))
+            h = round(math.sqrt(target_area / aspect))
             if 0 < w <= width and 0 < h <= height:
                 return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
         in_ratio = width / height
         if in_ratio < min(self.ratio):
-            w, h = width, int(round(width / min(self.ratio)))
+            w, h = width, round(width / min(self.ratio))
         elif in_ratio > max(self.ratio):
-            h, w = height, int(round(height * max(self.ratio)))
+            h, w = height, round(height * max(self.ratio))
         else:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def __call__(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
+    def pil(self, img: Image.Image, rng: np.random.Generator) -> Image.Image:
+        """The cropped, resized, maybe flipped image, before any colour op or normalization."""
         top, left, h, w = self.crop_box(*img.size, rng)
-        img = img.resize((self.img_size, self.img_size), INTERPOLATIONS[self.interpolation],
-                         box=(left, top, left + w, top + h))
-        if rng.random() < self.hflip:
+        name = self.interpolation if self.interpolation != "random" else ("bilinear", "bicubic")[rng.integers(2)]
+        img = img.resize((self.img_size, self.img_size), INTERPOLATIONS[name], box=(left, top, left + w, top + h))
+        if self.hflip > 0 and rng.random() < self.hflip:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return to_normalized_chw(img)
+        if self.vflip > 0 and rng.random() < self.vflip:
+            img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+        return img
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
+        return to_normalized_chw(self.pil(img, rng))
+
+
+@dataclass(frozen=True)
+class ColorJitter:
+    """torchvision's ColorJitter on PIL images: factors drawn from [max(0, 1 - x), 1 + x] (hue: [-h, h]),
+    applied in a random order; timm uses it only when no auto-augment is set."""
+
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.0
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator) -> Image.Image:
+        for op in rng.permutation(4):
+            amount = (self.brightness, self.contrast, self.saturation, self.hue)[op]
+            if amount <= 0:
+                continue
+            if op == 3:
+                img = _shift_hue(img, rng.uniform(-amount, amount))
+            else:
+                enhancer = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)[op]
+                img = enhancer(img).enhance(rng.uniform(max(0.0, 1 - amount), 1 + amount))
+        return img
+
+
+def _shift_hue(img: Image.Image, shift: float) -> Image.Image:
+    h, s, v = img.convert("HSV").split()
+    hue = np.asarray(h, np.uint8) + np.uint8(int(shift * 255) % 256)  # uint8 wraps around the hue circle
+    return Image.merge("HSV", (Image.fromarray(hue, "L"), s, v)).convert("RGB")

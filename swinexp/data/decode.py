@@ -1,0 +1,28 @@
+"""Robust image decoding: any PIL-readable file, identified by content, to 8-bit RGB."""
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+# what PIL raises for unreadable, truncated or hostile files (UnidentifiedImageError is an OSError)
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+def load_rgb(path: str) -> Image.Image:
+    """Decode `path` fully and return it as RGB.
+
+    The format comes from the file's bytes, not its name (a PNG saved as .JPEG reads fine). Grayscale, CMYK,
+    palette and RGBA images become RGB as with timm's `convert('RGB')`; 16-bit grayscale is scaled to 8 bits
+    rather than clipped.
+
+    Raises:
+        One of DECODE_ERRORS when the file is not a readable image or is truncated.
+    """
+    with Image.open(path) as img:
+        img.load()  # decode now: a truncated file fails here, not later in a transform
+        if img.mode in ("I", "I;16", "I;16B", "I;16L"):  # 16-bit PNG/TIFF: keep the 8 high bits
+            values = np.asarray(img, np.uint32)
+            return Image.fromarray((values >> 8 if values.max() > 255 else values).astype(np.uint8)).convert("RGB")
+        if img.mode == "P" and "transparency" in img.info:
+            img = img.convert("RGBA")  # PIL warns when palette transparency goes straight to RGB
+        return img.convert("RGB")
