@@ -1,0 +1,166 @@
+"""`python -m swinexp.report`: compare the runs of a sweep at epoch N — a table, a CSV/markdown copy and a plot.
+
+Reads any MLflow tracking store; writes into --out and logs the table and plot to the sweep's parent run.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from swinexp.tracking import resolve_uri
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the report: a run, or several runs that differ only in seed (then values are mean ± std)."""
+
+    name: str
+    runs: int
+    at_epoch: list[float]
+    best: list[float]
+    final: list[float]
+    step_time_s: float | None
+    images_per_s: float | None
+    status: str
+
+
+def find_parent(client: MlflowClient, experiment_id: str, sweep: str) -> Run:
+    """The parent run of `sweep` (a run id), or the newest sweep parent for 'latest'."""
+    if sweep != "latest":
+        return client.get_run(sweep)
+    parents = client.search_runs([experiment_id], "tags.`sweep.role` = 'parent'", order_by=["attributes.start_time DESC"],
+                                 max_results=1)
+    if not parents:
+        raise SystemExit(f"no sweep found in experiment {experiment_id}; run one with `python run.py -m KEY=a,b`")
+    return parents[0]
+
+
+def children(client: MlflowClient, experiment_id: str, parent_id: str) -> list[Run]:
+    runs = client.search_runs([experiment_id], f"tags.`sweep.id` = '{parent_id}'")
+    return sorted(runs, key=lambda r: int(r.data.tags.get("sweep.job", 0)))
+
+
+def history(client: MlflowClient, run: Run, metric: str) -> dict[int, float]:
+    return {m.step: m.value for m in client.get_metric_history(run.info.run_id, metric)}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def without_seed(name: str) -> str:
+    return " ".join(part for part in name.split() if not part.startswith("seed=")) or "(seed only)"
+
+
+def build_rows(client: MlflowClient, runs: list[Run], metric: str, epoch: int) -> list[Row]:
+    """Group runs by their name without `seed=...` and summarise each group."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(without_seed(run.info.run_name), []).append(run)
+    rows = []
+    for name, members in groups.items():
+        curves = [history(client, r, metric) for r in members]
+        step_times = [v for r in members for v in history(client, r, "epoch_time_s").values()]
+        speeds = [v for r in members for v in history(client, r, "train/images_per_s").values()]
+        statuses = sorted({r.info.status for r in members})
+        rows.append(Row(
+            name=name if len(members) == 1 else f"{name} (seeds: {len(members)})",
+            runs=len(members),
+            at_epoch=[c[epoch] for c in curves if epoch in c],
+            best=[max(c.values()) for c in curves if c],
+            final=[c[max(c)] for c in curves if c],
+            step_time_s=_mean(step_times), images_per_s=_mean(speeds), status="/".join(statuses)))
+    return rows
+
+
+def fmt(values: Sequence[float]) -> str:
+    """'81.20' for one value, '81.20 ± 0.31' (sample std) for several, '—' for none."""
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def markdown(rows: list[Row], metric: str, epoch: int) -> str:
+    head = f"| run | {metric} @ epoch {epoch} | best | final | epoch time (s) | images/s | status |"
+    lines = [head, "|" + "---|" * 7]
+    for r in rows:
+        speed = f"{r.images_per_s:.1f}" if r.images_per_s is not None else "—"
+        step = f"{r.step_time_s:.1f}" if r.step_time_s is not None else "—"
+        lines.append(f"| {r.name} | {fmt(r.at_epoch)} | {fmt(r.best)} | {fmt(r.final)} | {step} | {speed} | "
+                     f"{r.status} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "runs", "at_epoch_mean", "best_mean", "final_mean", "epoch_time_s", "images_per_s",
+                         "status"])
+        for r in rows:
+            writer.writerow([r.name, r.runs, _mean(r.at_epoch), _mean(r.best), _mean(r.final), r.step_time_s,
+                             r.images_per_s, r.status])
+
+
+def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: str, path: Path) -> None:
+    """One line per run: metric against epoch, with the compared epoch marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for run in runs:
+        curve = sorted(history(client, run, metric).items())
+        if curve:
+            ax.plot([s for s, _ in curve], [v for _, v in curve], marker="o", ms=3, label=run.info.run_name)
+    ax.axvline(epoch, color="grey", ls=":", lw=1)
+    ax.set(xlabel="epoch", ylabel=metric, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m swinexp.report", description=__doc__)
+    parser.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlflow.db in this directory")
+    parser.add_argument("--experiment", default="swinexp")
+    parser.add_argument("--sweep", default="latest", help="the sweep's parent run id, or 'latest'")
+    parser.add_argument("--metric", default="val/top1")
+    parser.add_argument("--epoch", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None, help="default: report/<parent run id>")
+    args = parser.parse_args(argv)
+
+    client = MlflowClient(resolve_uri(args.tracking_uri, Path.cwd()))
+    experiment = client.get_experiment_by_name(args.experiment)
+    if experiment is None:
+        raise SystemExit(f"experiment '{args.experiment}' not found at {client.tracking_uri}; pass --experiment")
+    parent = find_parent(client, experiment.experiment_id, args.sweep)
+    runs = children(client, experiment.experiment_id, parent.info.run_id)
+    if not runs:
+        raise SystemExit(f"sweep {parent.info.run_id} ({parent.info.run_name}) has no child runs")
+    rows = build_rows(client, runs, args.metric, args.epoch)
+    table = markdown(rows, args.metric, args.epoch)
+    out = args.out or Path("report") / parent.info.run_id
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(f"# {parent.info.run_name}\n\n{table}")
+    write_csv(rows, out / "report.csv")
+    plot(client, runs, args.metric, args.epoch, parent.info.run_name, out / "curves.png")
+    for name in ("report.md", "report.csv", "curves.png"):
+        client.log_artifact(parent.info.run_id, str(out / name), artifact_path="report")
+    print(f"{parent.info.run_name}  ({len(runs)} runs, parent {parent.info.run_id})\n\n{table}\nwritten to {out}/")
+    return table
+
+
+if __name__ == "__main__":
+    main()
