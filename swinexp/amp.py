@@ -1,14 +1,33 @@
 """Mixed-precision policies (`conf/amp/*.yaml`): how the network is cast and how the loss is scaled.
 
-The train step is the only consumer of an AmpPolicy.
+Five levels, each a registered builder with a YAML of the same name:
+
+- `o0`: pure fp32, the reference.
+- `o1`: MindSpore's O1: only its white list (Dense, Conv*, MatMul, ...) computes in low precision.
+- `o1_manual`: the whole network in low precision, except a configurable list of cell types kept in fp32 whose
+  outputs are cast back to low precision (the Swin/NVIDIA-apex style recipe: norms, softmax, GELU in fp32).
+- `o2`: MindSpore's O2: low precision except its black list (BatchNorm*, LayerNorm).
+- `o3`: everything in low precision.
+
+The train step is the only consumer of an AmpPolicy: it calls `apply` once on the model (at build) and
+`make_scaler` once per train step for the loss scaler state.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from difflib import get_close_matches
+from typing import Sequence
 
+import mindspore as ms
 from mindspore import nn
+from mindspore.amp import DynamicLossScaler, LossScaler, StaticLossScaler
 
-from swinexp.registry import AMP_POLICIES
+from swinexp.registry import AMP_POLICIES, ConfigError
+
+DTYPES = {"float16": ms.float16, "bfloat16": ms.bfloat16}
+LOSS_SCALES = ("dynamic", "static", "none")
+# o1_manual's default: everything whose fp16 result is fragile (exp/erf/variance) stays fp32
+MANUAL_FP32_CELLS = ("GELU", "Softmax", "Conv2d", "Conv1d", "BatchNorm2d", "LayerNorm")
 
 
 @dataclass(frozen=True)
@@ -16,19 +35,143 @@ class AmpPolicy:
     """A named precision policy.
 
     Attributes:
-        level: MindSpore-style level name, shown in logs (O0 = fp32 everywhere).
-        loss_scale: constant factor the loss is multiplied by before backward and the gradients divided by after.
+        level: "O0", "O1", "O1_manual", "O2" or "O3"; shown in logs and tables.
+        dtype: the low-precision compute type (ms.float32 for O0).
+        fp32_cells: O1_manual only: cell types kept in fp32, outputs cast back to `dtype`.
+        loss_scale: "dynamic", "static" or "none".
+        init_scale: initial (dynamic) or constant (static) loss scale.
+        scale_factor: dynamic: the scale is divided by this on overflow, multiplied after `scale_window` clean steps.
+        scale_window: dynamic: clean optimizer steps before the scale grows.
     """
 
     level: str
-    loss_scale: float = 1.0
+    dtype: ms.Type = ms.float32
+    fp32_cells: tuple[type[nn.Cell], ...] = ()
+    loss_scale: str = "none"
+    init_scale: float = 2.0**16
+    scale_factor: int = 2
+    scale_window: int = 2000
 
     def apply(self, network: nn.Cell) -> nn.Cell:
-        """Cast `network` for this policy (in place where MindSpore allows); O0 leaves it fp32."""
-        return network
+        """Return `network` cast for this policy; parameter names are unchanged, parameters stay fp32."""
+        if self.level == "O0":
+            return network
+        if self.level == "O1_manual":
+            # MindSpore's black-list mechanism: to_float(dtype) on all, then each listed cell to_float(fp32) inside
+            # a wrapper casting its output back to dtype; the whole net's output is cast to fp32 for the loss
+            return ms.amp.custom_mixed_precision(network, black_list=list(self.fp32_cells), dtype=self.dtype)
+        return ms.amp.auto_mixed_precision(network, self.level, dtype=self.dtype)
+
+    def make_scaler(self) -> LossScaler:
+        """A fresh loss scaler; its scale and counter are Parameters updated inside the jitted step."""
+        if self.loss_scale == "dynamic":
+            return DynamicLossScaler(float(self.init_scale), int(self.scale_factor), int(self.scale_window))
+        # "none" is a scale of exactly 1 so the step has one code path; the overflow check still skips updates
+        return StaticLossScaler(float(self.init_scale) if self.loss_scale == "static" else 1.0)
+
+
+def _dtype(dtype: str) -> ms.Type:
+    if dtype not in DTYPES:
+        raise ConfigError(f"amp.dtype='{dtype}' is not supported; choose one of: {', '.join(DTYPES)}")
+    if dtype == "bfloat16" and ms.get_context("device_target") == "CPU":
+        raise ConfigError(
+            "amp.dtype=bfloat16: MindSpore's CPU backend has no bfloat16 MatMul/Conv2D kernels, so the network "
+            "cannot run; use amp.dtype=float16 on CPU, or bfloat16 with a GPU/Ascend hardware config"
+        )
+    return DTYPES[dtype]
+
+
+def _cell_types(names: Sequence[str]) -> tuple[type[nn.Cell], ...]:
+    """Resolve cell class names from mindspore.nn (e.g. 'LayerNorm'), with a close-match hint."""
+    cells = sorted(n for n in dir(nn) if isinstance(getattr(nn, n), type) and issubclass(getattr(nn, n), nn.Cell))
+    types = []
+    for name in names:
+        if name not in cells:
+            hint = get_close_matches(str(name), cells, n=1)
+            raise ConfigError(
+                f"amp.fp32_cells: '{name}' is not a cell class of mindspore.nn (e.g. LayerNorm, GELU, Softmax)"
+                + (f". Did you mean '{hint[0]}'?" if hint else "")
+            )
+        types.append(getattr(nn, name))
+    return tuple(types)
+
+
+def _policy(level: str, dtype: str, loss_scale: str, init_scale: float, scale_factor: int, scale_window: int,
+            fp32_cells: tuple[type[nn.Cell], ...] = ()) -> AmpPolicy:
+    if loss_scale not in LOSS_SCALES:
+        raise ConfigError(f"amp.loss_scale='{loss_scale}' is not valid; choose one of: {', '.join(LOSS_SCALES)}")
+    if init_scale < 1:
+        raise ConfigError(f"amp.init_scale={init_scale} must be >= 1 (2^16 = 65536 is the usual start)")
+    if int(scale_factor) != scale_factor or scale_factor < 2:
+        raise ConfigError(f"amp.scale_factor={scale_factor} must be an integer >= 2 (MindSpore's DynamicLossScaler)")
+    if int(scale_window) != scale_window or scale_window < 1:
+        raise ConfigError(f"amp.scale_window={scale_window} must be an integer >= 1 (optimizer steps)")
+    return AmpPolicy(level, _dtype(dtype), fp32_cells, loss_scale, float(init_scale), int(scale_factor),
+                     int(scale_window))
 
 
 @AMP_POLICIES.register("o0")
 def o0() -> AmpPolicy:
-    """Pure fp32: the reference every other policy is compared with."""
+    """Pure fp32: the reference every other policy is compared with; no loss scaling."""
     return AmpPolicy(level="O0")
+
+
+@AMP_POLICIES.register("o1")
+def o1(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
+       scale_window: int = 2000) -> AmpPolicy:
+    """MindSpore O1: white-list cells and primitives (Dense, Conv*, MatMul, ...) in `dtype`, the rest fp32.
+
+    Args:
+        dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
+        loss_scale: "dynamic", "static" or "none".
+        init_scale: initial (dynamic) or constant (static) loss scale.
+        scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
+        scale_window: dynamic: clean optimizer steps before the scale grows.
+    """
+    return _policy("O1", dtype, loss_scale, init_scale, scale_factor, scale_window)
+
+
+@AMP_POLICIES.register("o1_manual")
+def o1_manual(dtype: str = "float16", fp32_cells: Sequence[str] = MANUAL_FP32_CELLS, loss_scale: str = "dynamic",
+              init_scale: float = 2.0**16, scale_factor: int = 2, scale_window: int = 2000) -> AmpPolicy:
+    """The network in `dtype`, except cells of the types named in `fp32_cells`, kept fp32 with outputs cast back.
+
+    Args:
+        dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
+        fp32_cells: mindspore.nn class names, e.g. [GELU, Softmax, LayerNorm]; subclasses match too.
+        loss_scale: "dynamic", "static" or "none".
+        init_scale: initial (dynamic) or constant (static) loss scale.
+        scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
+        scale_window: dynamic: clean optimizer steps before the scale grows.
+    """
+    return _policy("O1_manual", dtype, loss_scale, init_scale, scale_factor, scale_window, _cell_types(fp32_cells))
+
+
+@AMP_POLICIES.register("o2")
+def o2(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
+       scale_window: int = 2000) -> AmpPolicy:
+    """MindSpore O2: everything in `dtype` except its black list (BatchNorm1d/2d/3d, LayerNorm) in fp32.
+
+    Args:
+        dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
+        loss_scale: "dynamic", "static" or "none".
+        init_scale: initial (dynamic) or constant (static) loss scale.
+        scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
+        scale_window: dynamic: clean optimizer steps before the scale grows.
+    """
+    return _policy("O2", dtype, loss_scale, init_scale, scale_factor, scale_window)
+
+
+@AMP_POLICIES.register("o3")
+def o3(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
+       scale_window: int = 2000) -> AmpPolicy:
+    """MindSpore O3: every cell in `dtype`, LayerNorm and softmax included (the stress case for drift).
+
+    Args:
+        dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
+        loss_scale: "dynamic", "static" or "none".
+        init_scale: initial (dynamic) or constant (static) loss scale.
+        scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
+        scale_window: dynamic: clean optimizer steps before the scale grows.
+    """
+    return _policy("O3", dtype, loss_scale, init_scale, scale_factor, scale_window)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from swinexp.amp import AmpPolicy
 from swinexp.config import TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
+from swinexp.launch import is_worker, rank, world_size
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
 from swinexp.step import ACCUMULATE_ON
@@ -82,7 +83,8 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
         )
     augment = AUGMENTS.build(augment_cfg, img_size=spec.img_size, num_classes=spec.num_classes,
                              label_smoothing=trainer.label_smoothing)
-    train_loader, val_loader = build_loaders(spec, augment.transform, int(cfg.seed), augment.targets)
+    shards, shard_id = (world_size(cfg.hardware), rank()) if is_worker() else (1, 0)  # one shard per msrun worker
+    train_loader, val_loader = build_loaders(spec, augment.transform, int(cfg.seed), augment.targets, shards, shard_id)
     batches = len(train_loader) if trainer.limit_train_batches is None else min(len(train_loader),
                                                                                 trainer.limit_train_batches)
     steps = batches // trainer.accumulation_steps  # optimizer steps; a last incomplete window is dropped

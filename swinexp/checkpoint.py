@@ -1,6 +1,7 @@
 """Checkpoints: model weights, optimizer state and progress, written atomically (temp file + rename)."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,6 +20,15 @@ def state_of(model: nn.Cell, optimizer: nn.Optimizer | None = None) -> list[dict
         entries += [{"name": p.name, "data": p} for p in optimizer.get_parameters()
                     if p.name not in model_names and p.name != "learning_rate"]
     return entries
+
+
+def weights_digest(model: nn.Cell) -> str:
+    """SHA-256 over every model parameter's name and bytes: equal digests mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for p in model.get_parameters():
+        digest.update(p.name.encode())
+        digest.update(p.asnumpy().tobytes())
+    return digest.hexdigest()
 
 
 def save(path: Path, model: nn.Cell, optimizer: nn.Optimizer | None = None,

@@ -33,6 +33,7 @@ class TrainerCfg:
     limit_train_batches: Optional[int] = None   # cap on batches per epoch (quick runs); null = whole epoch
     limit_val_batches: Optional[int] = None     # cap on validation batches; null = whole val set
     progress_bar: bool = True                   # tqdm bar per epoch (loss, lr, images/s)
+    amp_report: bool = True                     # log the per-cell dtype table and fp32 drift report as artifacts
 
 
 @dataclass
@@ -43,6 +44,11 @@ class HardwareCfg:
     num_devices: int = 1                        # worker processes per node
     num_nodes: int = 1
     deterministic: bool = False                 # bit-repeatable kernels where the backend offers them
+    dataset_sink: bool = False                  # feed batches through a device queue (Ascend/GPU); off on CPU
+    master_addr: str = "127.0.0.1"              # msrun scheduler host: node 0's address on a cluster
+    master_port: int = 8118                     # msrun scheduler port, the same on every node
+    node_rank: int = 0                          # this node's index, 0..num_nodes-1 (set per node)
+    log_dir: Optional[str] = None               # msrun worker logs; null = <run dir>/msrun
 
 
 def register_schemas() -> None:

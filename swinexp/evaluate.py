@@ -24,8 +24,10 @@ def make_eval_step(model: nn.Cell, jit: bool) -> Callable[[Tensor, Tensor], tupl
 
 
 def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],
-             step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None) -> dict[str, float]:
-    """Mean loss and top-1/top-5 accuracy in percent over all samples of `batches`."""
+             step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None,
+             distributed: bool = False) -> dict[str, float]:
+    """Mean loss and top-1/top-5 accuracy in percent over all samples of `batches` (of every rank's batches
+    when `distributed`)."""
     model.set_train(False)
     step = step or make_eval_step(model, jit=False)
     loss = top1 = top5 = 0.0
@@ -36,6 +38,8 @@ def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],
         top1 += float(batch_top1)
         top5 += float(batch_top5)
         count += int(labels.shape[0])
+    if distributed:  # every rank evaluated its own shard: add the sums up so all ranks report the whole set
+        loss, top1, top5, count = ops.AllReduce(ops.ReduceOp.SUM)(Tensor([loss, top1, top5, count], ms.float32)).tolist()
     if count == 0:
         raise ValueError("evaluate() received no batches")
     return {"val/loss": loss / count, "val/top1": 100.0 * top1 / count, "val/top5": 100.0 * top5 / count}

@@ -6,6 +6,7 @@ import random
 import mindspore as ms
 import mindspore.dataset as msds
 import numpy as np
+from mindspore.communication import get_group_size, init
 
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
@@ -22,11 +23,8 @@ def validate(hw: HardwareCfg) -> None:
         raise ConfigError(
             f"hardware.device_target='{hw.device_target}' is not valid; choose one of: {', '.join(DEVICE_TARGETS)}"
         )
-    if hw.num_devices * hw.num_nodes != 1:
-        raise ConfigError(
-            f"hardware.num_devices={hw.num_devices} x hardware.num_nodes={hw.num_nodes}: multi-process runs "
-            "through msrun are not available yet; use hardware=cpu (one process)"
-        )
+    if hw.num_devices < 1 or hw.num_nodes < 1:
+        raise ConfigError(f"hardware.num_devices={hw.num_devices} and hardware.num_nodes={hw.num_nodes} must be >= 1")
 
 
 def apply(hw: HardwareCfg, seed: int) -> None:
@@ -38,7 +36,23 @@ def apply(hw: HardwareCfg, seed: int) -> None:
         ms.set_context(jit_config={"jit_level": hw.jit_level})
     if hw.deterministic:
         ms.set_deterministic(True)
-    set_seed(seed)
+    if hw.num_devices * hw.num_nodes > 1:
+        init()  # inside an msrun worker: join the collective group (HCCL, NCCL or MindSpore's own on CPU)
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
+                                     device_num=get_group_size())
+    set_seed(seed)  # the same seed on every rank: identical initial weights, rank-specific data via the shard
+
+
+def context_summary(hw: HardwareCfg) -> dict[str, object]:
+    """The MindSpore settings `apply` makes, for dry runs and logs."""
+    summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
+                                  "jit_level": hw.jit_level or "backend default",
+                                  "deterministic": hw.deterministic, "dataset_sink": hw.dataset_sink}
+    if hw.num_devices * hw.num_nodes > 1:
+        summary.update({"communication": {"CPU": "MindSpore collective", "GPU": "NCCL", "Ascend": "HCCL"}[
+            hw.device_target], "parallel_mode": "DATA_PARALLEL", "gradients_mean": True,
+            "device_num": hw.num_devices * hw.num_nodes})
+    return summary
 
 
 def set_seed(seed: int) -> None:

@@ -79,6 +79,22 @@ def adamw(model: nn.Cell, lr: float | Sequence[float], weight_decay: float = 0.0
     return AdamW(param_groups(model, weight_decay), lr, beta1=betas[0], beta2=betas[1], eps=eps)
 
 
+@OPTIMIZERS.register("adamw_swin")
+def adamw_swin(model: nn.Cell, lr: float | Sequence[float], weight_decay: float = 0.05,
+               betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8) -> nn.Optimizer:
+    """The official Swin recipe's AdamW; its YAML quotes lr 5e-4 at total batch 512 (trainer.lr_batch_size)."""
+    return adamw(model, lr, weight_decay, betas, eps)
+
+
+def lr_scale(total_batch: int, lr_batch_size: int | None) -> float:
+    """Swin's linear scaling rule: every LR of the schedule times total_batch / lr_batch_size (1 when None)."""
+    if lr_batch_size is None:
+        return 1.0
+    if lr_batch_size <= 0:
+        raise ConfigError(f"trainer.lr_batch_size={lr_batch_size} must be > 0, or null to use the LRs as given")
+    return total_batch / lr_batch_size
+
+
 @SCHEDULERS.register("warmup_cosine")
 def warmup_cosine(base_lr: float, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0,
                   warmup_lr: float = 5e-7, min_lr: float = 5e-6) -> np.ndarray:

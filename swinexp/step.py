@@ -1,14 +1,35 @@
-"""The train step: forward, soft-target loss, backward, clipping, optimizer update — one closure, jitted once."""
+"""The train step: forward, soft-target loss, scaled backward, accumulation, overflow skip, clipping, update, EMA.
+
+One optimizer step per `accumulation_steps` micro-batches. Per micro-batch the scaled gradient is added to a
+persistent buffer; the last micro-batch of a window then unscales the sum (divided by N), checks it is finite,
+clips its global norm, updates the optimizer (and EMA), adjusts the loss scale, and clears the buffer by
+subtraction. All of that runs inside one jitted function per micro-batch kind; the host only counts micro-batches.
+"""
 from __future__ import annotations
 
-from typing import Callable
+import logging
+from typing import Callable, NamedTuple
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.amp import all_finite
 
 from swinexp.amp import AmpPolicy
+from swinexp.registry import ConfigError
 
-TrainStep = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+log = logging.getLogger("swinexp")
+
+ACCUMULATE_ON = ("device", "cpu")
+
+
+class StepOutput(NamedTuple):
+    """What one micro-batch reports; the update fields are meaningful only when `updated` is True."""
+
+    loss: float           # this micro-batch's unscaled loss
+    updated: bool         # this micro-batch closed an accumulation window (an optimizer step was attempted)
+    grad_norm: float      # global L2 norm of the unscaled, accumulated gradient before clipping
+    overflow: bool        # the gradient was not finite: the optimizer step was skipped
+    loss_scale: float     # the scale the window's gradients were computed with
 
 
 def soft_target_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -21,24 +42,156 @@ def global_norm(grads: tuple[Tensor, ...]) -> Tensor:
     return ops.sqrt(ops.addn([ops.sum(ops.square(ops.cast(g, ms.float32))) for g in grads]))
 
 
+def clip_by_global_norm(grads: tuple[Tensor, ...], norm: Tensor, max_norm: float) -> tuple[Tensor, ...]:
+    """torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when that is < 1."""
+    factor = ops.minimum(max_norm / (norm + 1e-6), 1.0)
+    return tuple(g * ops.cast(factor, g.dtype) for g in grads)
+
+
+class TrainStep:
+    """Callable `(images, soft targets) -> StepOutput`, one micro-batch per call.
+
+    Args:
+        model: the (AMP-cast) network; its output is cast to fp32 for the loss.
+        optimizer: updated once per `accumulation_steps` calls; its `global_step` counts optimizer steps.
+        amp: the policy whose loss scaler (and overflow skip) the step uses.
+        clip_grad: max global L2 norm of the unscaled, accumulated gradient; None disables clipping.
+        jit: compile the step functions with `ms.jit` (graph mode) or run them eagerly.
+        accumulation_steps: micro-batches per optimizer step; gradients are averaged over them.
+        accumulate_on: "device" or "cpu": where the accumulate/clear ops run (primitive_target, graph mode only).
+        ema_decay: keep an exponential moving average of the weights, updated per optimizer step; None disables.
+        distributed: data parallel under msrun: average the accumulated gradient over ranks at the update only
+            (not per micro-batch), before unscaling, the overflow check and clipping.
+    """
+
+    def __init__(self, model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None = None,
+                 jit: bool = True, accumulation_steps: int = 1, accumulate_on: str = "device",
+                 ema_decay: float | None = None, distributed: bool = False) -> None:
+        if accumulation_steps < 1:
+            raise ConfigError(f"trainer.accumulation_steps={accumulation_steps} must be >= 1")
+        if accumulate_on not in ACCUMULATE_ON:
+            raise ConfigError(f"trainer.accumulate_on='{accumulate_on}' is not valid; choose one of: "
+                              f"{', '.join(ACCUMULATE_ON)}")
+        self.accumulation_steps = accumulation_steps
+        self.scaler = amp.make_scaler()
+        self.params = optimizer.parameters
+        self.ema = self.params.clone(prefix="ema", init="same") if ema_decay is not None else None
+        self._micro = 0  # micro-batches seen in the current window (host-side: it picks the function to call)
+        grad_fn = ms.value_and_grad(self._forward_fn(model), None, self.params, has_aux=True)
+        apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed)
+        compile_ = ms.jit if jit else (lambda fn: fn)
+        if accumulation_steps == 1:
+            # no buffer at all: the update consumes this micro-batch's gradient directly
+            def fused(images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                (_, loss), grads = grad_fn(images, targets)
+                return (loss, *apply_update(grads, 1.0, ops.ones((), ms.bool_)))
+
+            self._last = compile_(fused)
+            return
+        # locals, not attributes: ms.jit reads a plain object's attributes as constants, so writes would be lost
+        accum = self.accum = self.params.clone(prefix="grad_accum", init="zeros")
+        # a non-finite micro-batch is not added (the buffer must stay finite to clear by subtraction: inf-inf=nan);
+        # this flag remembers it so the whole window's update is skipped
+        window_overflow = self.window_overflow = Parameter(Tensor(False, ms.bool_), name="grad_accum_window_overflow",
+                                                           requires_grad=False)
+        assign_add, assign_sub = ops.AssignAdd(), ops.AssignSub()
+        if accumulate_on == "cpu":
+            assign_add.set_device("CPU")
+            assign_sub.set_device("CPU")
+            _explain_cpu_placement(jit)
+
+        def accumulate(images: Tensor, targets: Tensor) -> Tensor:
+            (_, loss), grads = grad_fn(images, targets)
+            finite = all_finite(grads)
+            if finite:
+                for buf, g in zip(accum, grads):
+                    assign_add(buf, ops.cast(g, buf.dtype))
+            else:
+                ops.assign(window_overflow, ops.ones((), ms.bool_))
+            return loss
+
+        def accumulate_and_update(images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            loss = accumulate(images, targets)
+            clean = ops.logical_not(window_overflow)
+            out = apply_update(tuple(accum), float(accumulation_steps), clean)
+            for buf in accum:
+                assign_sub(buf, buf)  # clear by subtraction: no second, all-zeros buffer
+            ops.assign(window_overflow, ops.zeros((), ms.bool_))
+            return (loss, *out)
+
+        self._accumulate = compile_(accumulate)
+        self._last = compile_(accumulate_and_update)
+
+    def _forward_fn(self, model: nn.Cell) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        scaler = self.scaler
+
+        def forward(images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+            loss = soft_target_cross_entropy(model(images), targets)
+            return scaler.scale(loss), loss  # grads follow the first (scaled) output; the second is aux
+
+        return forward
+
+    def _update_fn(self, optimizer: nn.Optimizer, clip_grad: float | None, ema_decay: float | None,
+                   distributed: bool) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+        scaler, params, ema = self.scaler, self.params, self.ema
+        if distributed:
+            reduce_grads = nn.DistributedGradReducer(params, mean=True)
+            all_sum = ops.AllReduce(ops.ReduceOp.SUM)
+
+        def apply_update(grads: tuple[Tensor, ...], count: float,
+                         clean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            """Average `grads` (a sum over `count` micro-batches), unscale, skip if not finite, clip, step."""
+            scale = scaler.scale_value + 0.0  # the scale these grads carry, before adjust() changes it
+            if distributed:
+                grads = reduce_grads(grads)  # mean over ranks, once per optimizer step
+                # a rank that dropped an overflowing micro-batch makes every rank skip, so weights stay equal
+                clean = all_sum(ops.cast(ops.logical_not(clean), ms.float32)) == 0
+            grads = tuple(g * ops.cast(1.0 / (scale * count), g.dtype) for g in grads)
+            finite = ops.logical_and(all_finite(grads), clean)
+            norm = global_norm(grads)
+            if finite:
+                if clip_grad is not None:
+                    grads = clip_by_global_norm(grads, norm, clip_grad)
+                optimizer(grads)
+                if ema_decay is not None:
+                    for e, p in zip(ema, params):
+                        ops.assign(e, e * ema_decay + ops.cast(p, e.dtype) * (1.0 - ema_decay))
+            scaler.adjust(finite)
+            return norm, ops.logical_not(finite), scale
+
+        return apply_update
+
+    def __call__(self, images: Tensor, targets: Tensor) -> StepOutput:
+        self._micro += 1
+        if self._micro < self.accumulation_steps:
+            return StepOutput(float(self._accumulate(images, targets)), False, float("nan"), False, float("nan"))
+        self._micro = 0
+        loss, norm, overflow, scale = self._last(images, targets)
+        return StepOutput(float(loss), True, float(norm), bool(overflow), float(scale))
+
+    def swap_ema(self) -> None:
+        """Exchange the model weights and the EMA weights (call twice to restore); evaluation uses it."""
+        if self.ema is None:
+            raise RuntimeError("swap_ema() needs ema_decay (trainer.ema.decay) set")
+        for p, e in zip(self.params, self.ema):
+            current = p.asnumpy().copy()
+            p.set_data(Tensor(e.asnumpy()))
+            e.set_data(Tensor(current))
+
+
+def _explain_cpu_placement(jit: bool) -> None:
+    """Say when trainer.accumulate_on=cpu cannot take effect, instead of silently ignoring it."""
+    device = ms.get_context("device_target")
+    if device == "CPU":
+        log.info("trainer.accumulate_on=cpu: the device is already the CPU; accumulation runs there as usual")
+    elif not jit or ms.get_context("mode") != ms.GRAPH_MODE:
+        log.warning("trainer.accumulate_on=cpu: primitive_target is honoured only in graph mode; in pynative the "
+                    "accumulate/clear ops run on %s. Use hardware.mode=graph to place them on the CPU", device)
+
+
 def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None,
-                    jit: bool) -> TrainStep:
-    """(images, soft targets) -> (loss, global grad norm before clipping); updates `optimizer.parameters`."""
-
-    def forward(images: Tensor, targets: Tensor) -> Tensor:
-        return soft_target_cross_entropy(model(images), targets) * amp.loss_scale
-
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
-
-    def step(images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        scaled_loss, grads = grad_fn(images, targets)
-        grads = tuple(g / amp.loss_scale for g in grads)
-        grad_norm = global_norm(grads)
-        if clip_grad is not None:
-            # torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when that is < 1
-            factor = ops.minimum(clip_grad / (grad_norm + 1e-6), 1.0)
-            grads = tuple(g * ops.cast(factor, g.dtype) for g in grads)
-        optimizer(grads)
-        return scaled_loss / amp.loss_scale, grad_norm
-
-    return ms.jit(step) if jit else step
+                    jit: bool, accumulation_steps: int = 1, accumulate_on: str = "device",
+                    ema_decay: float | None = None, distributed: bool = False) -> TrainStep:
+    """Build the train step; see TrainStep for the arguments."""
+    return TrainStep(model, optimizer, amp, clip_grad, jit, accumulation_steps, accumulate_on, ema_decay,
+                     distributed)

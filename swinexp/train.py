@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,14 +14,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from swinexp import checkpoint, hardware
+from swinexp import amp_report, checkpoint, hardware, launch
 from swinexp.build import Experiment, build_experiment, node
 from swinexp.config import HardwareCfg
 from swinexp.evaluate import evaluate, make_eval_step
 from swinexp.step import make_train_step
 from swinexp.sweep import SweepInfo, sweep_from_env
 from swinexp.registry import TRACKERS
-from swinexp.tracking import flatten
+from swinexp.tracking import NullTracker, flatten
 
 log = logging.getLogger("swinexp")
 
@@ -66,8 +67,9 @@ def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
         The metrics of every epoch, in order.
     """
     trainer, model, optimizer = exp.trainer, exp.model, exp.optimizer
+    distributed, main_rank = launch.is_worker(), launch.rank() == 0
     train_step = make_train_step(model, optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
-                                 trainer.accumulate_on, trainer.ema.decay)
+                                 trainer.accumulate_on, trainer.ema.decay, distributed)
     eval_step = make_eval_step(model, jit)
     micro_batches = exp.steps_per_epoch * trainer.accumulation_steps
     history: list[dict[str, float]] = []
@@ -76,7 +78,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
         start, losses, grad_norms, seen = time.perf_counter(), [], [], 0
         overflow_steps, loss_scale = 0, float("nan")
         bar = tqdm(total=exp.steps_per_epoch, desc=f"epoch {epoch + 1}/{trainer.epochs}", leave=False,
-                   disable=not trainer.progress_bar, dynamic_ncols=True)
+                   disable=not (trainer.progress_bar and main_rank), dynamic_ncols=True)
         for index, (images, targets) in enumerate(exp.train_loader.epoch(epoch)):
             if index == micro_batches:
                 break
@@ -107,23 +109,27 @@ def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
                    "train/optimizer_steps": float(optimizer.global_step.asnumpy()[0]),
                    "train/total_batch": float(exp.total_batch), "lr": lr,
                    "epoch_time_s": time.perf_counter() - start, "train/images_per_s": seen / train_time,
-                   **evaluate(model, val_batches, eval_step)}
+                   **evaluate(model, val_batches, eval_step, distributed)}
         if trainer.ema.decay is not None:
             train_step.swap_ema()  # evaluate the EMA weights with the same compiled eval step, then swap back
             ema_batches = _limit(exp.val_loader.epoch(epoch), trainer.limit_val_batches)
-            metrics.update({k.replace("val/", "val_ema/"): v for k, v in evaluate(model, ema_batches, eval_step).items()})
+            metrics.update({k.replace("val/", "val_ema/"): v
+                            for k, v in evaluate(model, ema_batches, eval_step, distributed).items()})
             train_step.swap_ema()
         metrics["epoch_time_s"] = time.perf_counter() - start
         exp.tracker.log_metrics(metrics, step=epoch + 1)  # step 10 = end of the tenth epoch
         meta = {"epoch": epoch + 1, "val_top1": metrics["val/top1"], "mlflow_run_id": exp.tracker.run_id or ""}
-        checkpoint.save(run_dir / "checkpoints" / "last.ckpt", model, optimizer, meta)
-        if metrics["val/top1"] > max((m["val/top1"] for m in history), default=-math.inf):
-            checkpoint.save(run_dir / "checkpoints" / "best.ckpt", model, optimizer, meta)
+        if main_rank:  # every rank holds the same weights; one copy on disk
+            checkpoint.save(run_dir / "checkpoints" / "last.ckpt", model, optimizer, meta)
+            if metrics["val/top1"] > max((m["val/top1"] for m in history), default=-math.inf):
+                checkpoint.save(run_dir / "checkpoints" / "best.ckpt", model, optimizer, meta)
         log.info("epoch %d/%d  train/loss %.4f  val/loss %.4f  val/top1 %.2f  val/top5 %.2f  lr %.2e  "
                  "overflow %d  scale %g  %.1f s  %.1f img/s", epoch + 1, trainer.epochs, metrics["train/loss"],
                  metrics["val/loss"], metrics["val/top1"], metrics["val/top5"], lr, overflow_steps, loss_scale,
                  metrics["epoch_time_s"], metrics["train/images_per_s"])
         history.append(metrics)
+    if distributed:  # a cheap cross-rank check that data parallelism kept the replicas identical
+        (run_dir / f"weights_rank{launch.rank()}.sha256").write_text(checkpoint.weights_digest(model) + "\n")
     return history
 
 
@@ -132,6 +138,14 @@ def _limit(batches, limit: int | None):
         if limit is not None and index >= limit:
             return
         yield batch
+
+
+def log_amp_report(exp: Experiment, model_cfg: dict, run_dir: Path) -> None:
+    """Save the policy's per-cell dtype table and its fp32 drift report on one val batch as run artifacts."""
+    images, _ = next(iter(exp.val_loader.epoch(0)))
+    for name, text in amp_report.artifacts(model_cfg, exp.model, exp.amp, images).items():
+        (run_dir / name).write_text(text)
+        exp.tracker.log_artifact(run_dir / name)
 
 
 def git_commit() -> str | None:
@@ -149,8 +163,27 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     The run is opened before the rest is built, so a job whose config fails still shows up as a FAILED run.
     """
     hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
+    hardware.validate(hw)
+    if cfg.get("dry_run"):
+        print(launch.dry_run_report(cfg, hw, job.overrides, job.run_dir))
+        return {}
+    if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
+        status = launch.launch(hw, Path(sys.argv[0]).resolve(), job.overrides, job.run_dir)
+        if status != 0:
+            raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
+        return {}
     hardware.apply(hw, int(cfg.seed))
-    tracker = TRACKERS.build(node(cfg, "tracking"))  # an unreachable store fails here, before anything is built
+    if launch.is_scheduler():  # msrun's scheduler has served the cluster inside init(); nothing else to do
+        return {}
+    if cfg.get("inspect"):  # +inspect=amp | +inspect=drift: print the precision report and stop
+        print(amp_report.inspect(cfg))
+        return {}
+    if launch.rank() != 0:  # the other ranks train the same steps silently: one log, one run, one checkpoint
+        log.setLevel(logging.WARNING)
+    fail_rank = OmegaConf.select(cfg, "debug.fail_rank")
+    if fail_rank is not None and int(fail_rank) == launch.rank():
+        raise RuntimeError(f"debug.fail_rank={fail_rank}: this worker fails on purpose (to test failure handling)")
+    tracker = TRACKERS.build(node(cfg, "tracking")) if launch.rank() == 0 else NullTracker()
     tracker.start(job.run_name()[:250], job.tags())
     try:
         job.run_dir.mkdir(parents=True, exist_ok=True)
@@ -160,6 +193,8 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         tracker.log_artifact(job.run_dir / "config.yaml")
+        if exp.trainer.amp_report and launch.rank() == 0:
+            log_amp_report(exp, node(cfg, "model"), job.run_dir)
         history = fit(exp, job.run_dir, jit=hw.mode == "graph")
     except KeyboardInterrupt:
         tracker.close("KILLED")

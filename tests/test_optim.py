@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
+from omegaconf import DictConfig
 
-from swinexp.optim import adamw, param_groups, warmup_cosine
-from swinexp.registry import ConfigError
+from swinexp.build import build_experiment
+from swinexp.optim import adamw, lr_scale, param_groups, warmup_cosine
+from swinexp.registry import MODELS, ConfigError
 
 
 class _Net(nn.Cell):
@@ -71,3 +74,42 @@ def test_warmup_cosine_endpoints_follow_the_formula() -> None:
 def test_warmup_longer_than_training_is_rejected() -> None:
     with pytest.raises(ConfigError, match="warmup_epochs=5 must be < trainer.epochs=3"):
         warmup_cosine(base_lr=1e-3, epochs=3, steps_per_epoch=4, warmup_epochs=5)
+
+
+def test_swin_no_decay_group_is_exactly_biases_norms_and_position_tables() -> None:
+    net = MODELS.build({"name": "swin_micro", "img_size": 32, "num_classes": 10, "depths": [1, 1], "ape": True})
+    decay, no_decay = param_groups(net, 0.05)
+    expected = {p.name for p in net.trainable_params() if p.ndim == 1 or p.name.endswith(
+        ("absolute_pos_embed", "relative_position_bias_table"))}
+    assert {p.name for p in no_decay["params"]} == expected
+    assert "absolute_pos_embed" in expected and any(n.endswith("relative_position_bias_table") for n in expected)
+    assert all(p.ndim == 2 or p.ndim == 4 for p in decay["params"])  # Dense and Conv2d kernels only
+
+
+def test_lr_scale_is_total_batch_over_reference_batch() -> None:
+    assert lr_scale(1024, 512) == 2.0 and lr_scale(128, 512) == 0.25
+    assert lr_scale(64, None) == 1.0  # disabled: the LR is used as given
+    with pytest.raises(ConfigError, match="trainer.lr_batch_size=0 must be > 0"):
+        lr_scale(64, 0)
+
+
+def test_official_recipe_scales_every_lr_by_total_batch_and_counts_optimizer_steps(
+        compose: Callable[..., DictConfig]) -> None:
+    # smoke: 3 batches of 8 per epoch; accumulation 2 -> 1 optimizer step per epoch, total batch 16 = 2 x 8
+    cfg = compose("optimizer=adamw_swin", "scheduler.warmup_epochs=20", "trainer=swin_official",
+                  "trainer.epochs=40", "trainer.accumulation_steps=2", "trainer.lr_batch_size=8",
+                  "trainer.limit_train_batches=3", "tracking=none")
+    exp = build_experiment(cfg)
+    scale = 16 / 8
+    assert exp.total_batch == 16 and exp.steps_per_epoch == 1
+    lr = exp.lr_schedule
+    assert lr.shape == (40,)  # one entry per optimizer step
+    assert lr[0] == pytest.approx(5e-7 * scale)  # warmup start
+    assert lr[20] == pytest.approx(5e-4 * scale)  # 20 warmup epochs done: the peak
+    assert lr[-1] == pytest.approx(scale * (5e-6 + 0.5 * (5e-4 - 5e-6) * (1 + math.cos(math.pi * 19 / 20))))
+    assert exp.trainer.clip_grad == 5.0 and exp.trainer.label_smoothing == 0.1
+
+
+def test_default_config_keeps_its_unscaled_lr(compose: Callable[..., DictConfig]) -> None:
+    exp = build_experiment(compose("tracking=none"))
+    assert exp.trainer.lr_batch_size is None and exp.lr_schedule.max() == pytest.approx(2e-3, rel=1e-3)

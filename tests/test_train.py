@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pytest
 from mindspore import Tensor
 from omegaconf import DictConfig, OmegaConf
 
@@ -59,3 +60,29 @@ def test_checkpoint_restores_identical_outputs(compose: Callable[..., DictConfig
     meta = checkpoint.load(tmp_path / "checkpoints" / "last.ckpt", fresh)
     np.testing.assert_array_equal(fresh(images).asnumpy(), trained)
     assert meta["epoch"] == 2
+
+
+def test_amp_accumulation_clipping_and_ema_train_and_log(compose: Callable[..., DictConfig], tmp_path: Path) -> None:
+    # 4 batches of 8 per epoch, 2 per optimizer step: 2 optimizer steps per epoch, total batch 16
+    cfg = compose("amp=o1_manual", "trainer.accumulation_steps=2", "trainer.limit_train_batches=4",
+                  "trainer.clip_grad=5.0", "trainer.ema.decay=0.9", "model.depths=[1,1]")
+    _setup(cfg)
+    history = fit(build_experiment(cfg), tmp_path, jit=False)
+    last = history[-1]
+    assert [m["train/optimizer_steps"] for m in history] == [2.0, 4.0]
+    assert last["train/overflow_steps"] == 0 and last["train/loss_scale"] == 65536.0
+    assert last["train/total_batch"] == 16 and np.isfinite(last["train/grad_norm"])
+    assert 0 <= last["val_ema/top1"] <= 100 and np.isfinite(last["val_ema/loss"])
+
+
+def test_every_overflowing_step_is_counted_and_skipped(compose: Callable[..., DictConfig], tmp_path: Path) -> None:
+    # a 1e30 loss scale overflows fp16 gradients on every step; the forward (and so the loss) stays finite
+    cfg = compose("amp=o3", "amp.init_scale=1e30", "trainer.epochs=2", "model.depths=[1,1]")
+    _setup(cfg)
+    exp = build_experiment(cfg)
+    before = [p.asnumpy().copy() for p in exp.model.trainable_params()]
+    history = fit(exp, tmp_path, jit=False)
+    assert [m["train/overflow_steps"] for m in history] == [3.0, 3.0]  # smoke: 3 optimizer steps per epoch
+    assert [m["train/loss_scale"] for m in history] == pytest.approx([1e30 / 4, 1e30 / 32], rel=1e-6)
+    assert history[-1]["train/optimizer_steps"] == 0
+    assert all(np.array_equal(a, p.asnumpy()) for a, p in zip(before, exp.model.trainable_params()))

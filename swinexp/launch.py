@@ -1,0 +1,122 @@
+"""Multi-process runs through MindSpore's own launcher: `run.py` re-executes itself under `msrun`.
+
+When `hardware.num_devices x hardware.num_nodes > 1` and this process is not an msrun worker yet, the job is
+handed to msrun with the same overrides and the same Hydra run directory; msrun starts the workers, and this
+process only waits and reports. Inside a worker (`MS_ROLE=MS_WORKER`), `hardware.apply` initialises the
+collectives and data-parallel mode.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from swinexp.config import HardwareCfg
+from swinexp.data.pipeline import EpochSampler
+from swinexp.registry import ConfigError
+
+LOG_TAIL_LINES = 40
+
+
+def world_size(hw: HardwareCfg) -> int:
+    return hw.num_devices * hw.num_nodes
+
+
+def is_worker() -> bool:
+    """True inside a process that msrun started: a worker, or the scheduler (which runs the script too)."""
+    return os.environ.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED")
+
+
+def is_scheduler() -> bool:
+    """msrun's scheduler process: it must only join the cluster (in `init()`), never train or log."""
+    return os.environ.get("MS_ROLE") == "MS_SCHED"
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK_ID", "0"))
+
+
+def needs_launch(hw: HardwareCfg) -> bool:
+    return world_size(hw) > 1 and not is_worker()
+
+
+def log_dir(hw: HardwareCfg, run_dir: Path) -> Path:
+    return Path(hw.log_dir) if hw.log_dir else run_dir / "msrun"
+
+
+def msrun_command(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -> list[str]:
+    """The msrun call for this node: every worker runs `script` with the same overrides and run directory."""
+    if not 0 <= hw.node_rank < hw.num_nodes:
+        raise ConfigError(f"hardware.node_rank={hw.node_rank} must be in 0..{hw.num_nodes - 1} "
+                          f"(hardware.num_nodes={hw.num_nodes})")
+    msrun = shutil.which("msrun") or str(Path(sys.executable).with_name("msrun"))
+    own = [o for o in overrides if not o.startswith(("hydra.run.dir=", "+dry_run", "dry_run"))]
+    return [msrun, f"--worker_num={world_size(hw)}", f"--local_worker_num={hw.num_devices}",
+            f"--master_addr={hw.master_addr}", f"--master_port={hw.master_port}", f"--node_rank={hw.node_rank}",
+            f"--log_dir={log_dir(hw, run_dir)}", "--join=True", str(script), *own, f"hydra.run.dir={run_dir}"]
+
+
+def launch(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -> int:
+    """Run the msrun command and return its exit status; on failure print the failing workers' log tails."""
+    command = msrun_command(hw, script, overrides, run_dir)
+    if not Path(command[0]).exists():
+        raise ConfigError("msrun was not found; it is installed with MindSpore beside the Python interpreter "
+                          f"({Path(sys.executable).parent}); put that folder on PATH")
+    logs = log_dir(hw, run_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"launching {world_size(hw)} workers: {' '.join(command)}", flush=True)
+    # msrun echoes every worker's log when it ends; keep it in a file and show only what matters here.
+    with open(logs / "msrun.out", "w") as out:
+        status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3")}).returncode
+    if status != 0:
+        print(failure_report(logs), file=sys.stderr, flush=True)
+    return status
+
+
+def failure_report(logs: Path) -> str:
+    """The tail of every worker log that ends in a Python traceback (or of all logs when none does)."""
+    worker_logs = sorted(logs.glob("worker_*.log"))
+    failed = [p for p in worker_logs if "Traceback (most recent call last)" in p.read_text(errors="replace")]
+    parts = [f"msrun: the distributed job failed; worker logs are in {logs}"]
+    for path in failed or worker_logs:
+        lines = [line for line in path.read_text(errors="replace").splitlines()
+                 if not line.startswith(("[WARNING]", "[INFO]"))]
+        parts.append(f"----- {path.name} (last {LOG_TAIL_LINES} lines) -----\n" + "\n".join(lines[-LOG_TAIL_LINES:]))
+    return "\n".join(parts)
+
+
+def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_dir: Path) -> str:
+    """What a launch would do, without the hardware: msrun call per node, MindSpore settings, shard sizes."""
+    from swinexp.build import node, trainer_cfg
+    from swinexp.hardware import context_summary
+    from swinexp.registry import DATASETS
+
+    world = world_size(hw)
+    data_cfg = {k: v for k, v in node(cfg, "data").items() if k != "augment"}
+    spec = DATASETS.build(data_cfg)
+    accumulation = trainer_cfg(cfg).accumulation_steps
+    lines = [f"dry run: {world} worker(s) = {hw.num_devices} per node x {hw.num_nodes} node(s), "
+             f"device_target={hw.device_target}"]
+    if world > 1:
+        script = Path(sys.argv[0]).resolve()
+        for node_rank in range(hw.num_nodes):
+            per_node = replace(hw, node_rank=node_rank)
+            lines.append(f"node {node_rank}: python run.py {' '.join(overrides)} hardware.node_rank={node_rank}"
+                         f"{'' if hw.num_nodes == 1 else ' hardware.master_addr=<node 0 address>'}\n  starts: "
+                         f"{' '.join(msrun_command(per_node, script, overrides, run_dir))}")
+    else:
+        lines.append("single process: no msrun")
+    lines.append("mindspore context: " + ", ".join(f"{k}={v}" for k, v in context_summary(hw).items()))
+    train = [len(EpochSampler(len(spec.train), 0, True, world, r)) for r in range(world)]
+    val = [len(EpochSampler(len(spec.val), 0, False, world, r)) for r in range(world)]
+    lines.append(f"train shard per rank: {train} samples, {train[0] // spec.batch_size} batches of "
+                 f"{spec.batch_size} per epoch")
+    lines.append(f"val shard per rank: {val} samples")
+    lines.append(f"total batch: {spec.batch_size} per device x {world} devices x {accumulation} accumulation "
+                 f"= {spec.batch_size * world * accumulation}")
+    return "\n".join(lines)

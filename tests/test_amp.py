@@ -1,0 +1,127 @@
+"""AMP policies on swin_micro: which cells compute in which dtype, a few finite steps, the reports, bad configs."""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from swinexp.amp import AmpPolicy
+from swinexp.amp_report import compute_cells, compute_dtypes, drift_report, dtype_table
+from swinexp.optim import adamw
+from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
+from swinexp.step import make_train_step
+
+BLOCK = "layers.0.blocks.0"
+# (policy, {cell path: expected compute dtype}): the issue's contract for each level
+EXPECTED = {
+    "o0": {f"{BLOCK}.norm1": "float32", f"{BLOCK}.mlp.fc1": "float32", f"{BLOCK}.attn.softmax": "float32"},
+    "o1": {f"{BLOCK}.norm1": "float32", f"{BLOCK}.mlp.fc1": "float16", f"{BLOCK}.attn.softmax": "float32",
+           f"{BLOCK}.mlp.act": "float32", "patch_embed.proj": "float16", "head": "float16"},
+    "o1_manual": {f"{BLOCK}.norm1": "float32", f"{BLOCK}.mlp.act": "float32", f"{BLOCK}.attn.softmax": "float32",
+                  "patch_embed.proj": "float32", f"{BLOCK}.mlp.fc1": "float16", f"{BLOCK}.attn.q": "float16",
+                  "head": "float16"},
+    "o2": {f"{BLOCK}.norm1": "float32", "norm": "float32", f"{BLOCK}.mlp.fc1": "float16",
+           f"{BLOCK}.attn.softmax": "float16", f"{BLOCK}.mlp.act": "float16"},
+    "o3": {f"{BLOCK}.norm1": "float16", "norm": "float16", f"{BLOCK}.mlp.fc1": "float16",
+           f"{BLOCK}.attn.softmax": "float16"},
+}
+
+
+def _micro(img_size: int = 32) -> nn.Cell:
+    return MODELS.build({"name": "swin_micro", "img_size": img_size, "num_classes": 10, "depths": [1, 1],
+                         "drop_path_rate": 0.0})
+
+
+def _batch(n: int = 2) -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(0)
+    images = Tensor(rng.normal(size=(n, 3, 32, 32)).astype(np.float32))
+    return images, Tensor(np.eye(10, dtype=np.float32)[rng.integers(0, 10, n)])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_named_cells_compute_in_the_policy_dtype(name: str) -> None:
+    policy = AMP_POLICIES.build({"name": name})
+    dtypes = compute_dtypes(policy.apply(_micro()), policy)
+    assert {path: dtypes[path] for path in EXPECTED[name]} == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name,path,expected", [
+    ("o1_manual", f"{BLOCK}.norm1", np.float32), ("o1_manual", f"{BLOCK}.mlp.act", np.float32),
+    ("o1_manual", f"{BLOCK}.attn.softmax", np.float32), ("o1_manual", f"{BLOCK}.mlp.fc1", np.float16),
+    ("o3", f"{BLOCK}.norm1", np.float16), ("o2", f"{BLOCK}.norm1", np.float32),
+])
+def test_cells_really_cast_their_inputs(name: str, path: str, expected: type) -> None:
+    """Not only flags: a cell fed the *other* dtype returns its own compute dtype."""
+    policy = AMP_POLICIES.build({"name": name})
+    cell = compute_cells(policy.apply(_micro()))[path]
+    other = np.float16 if expected is np.float32 else np.float32
+    x = Tensor(np.random.default_rng(0).normal(size=(2, 16, 32)).astype(other))  # (B, L, C) tokens of stage 0
+    assert cell(x).asnumpy().dtype == expected
+
+
+def test_o1_manual_wrappers_cast_outputs_back_to_float16() -> None:
+    policy = AMP_POLICIES.build({"name": "o1_manual"})
+    net = policy.apply(_micro())
+    wrapped_norm = net._backbone.layers[0].blocks[0].norm1  # the wrapper MindSpore puts around a fp32 cell
+    assert wrapped_norm(Tensor(np.ones((2, 16, 32), np.float32))).dtype == ms.float16
+    assert net(_batch()[0]).asnumpy().dtype == np.float32  # the loss sees fp32 logits
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_few_steps_stay_finite(name: str) -> None:
+    policy = AMP_POLICIES.build({"name": name})
+    net = policy.apply(_micro())
+    step = make_train_step(net, adamw(net, 1e-3), policy, clip_grad=5.0, jit=False)
+    images, targets = _batch()
+    outs = [step(images, targets) for _ in range(2)]
+    assert all(np.isfinite(o.loss) and np.isfinite(o.grad_norm) and not o.overflow for o in outs)
+    assert outs[1].loss < outs[0].loss  # it trains: the same batch twice
+    assert outs[0].loss_scale == (1.0 if name == "o0" else 65536.0)
+
+
+def test_dtype_table_lists_every_cell_once() -> None:
+    policy = AMP_POLICIES.build({"name": "o1_manual"})
+    net = policy.apply(_micro())
+    text = dtype_table(net, policy)
+    assert "O1_manual" in text and f"{BLOCK}.mlp.act" in text
+    rows = [line.split() for line in text.splitlines()[3:-2]]
+    assert len(rows) == len(compute_cells(net)) and all(r[-1] in ("float16", "float32") for r in rows)
+
+
+def test_drift_is_zero_for_o0_and_small_but_nonzero_for_o3() -> None:
+    images = _batch(4)[0]
+    reference = _micro()
+    for name, low, high in (("o0", 0.0, 0.0), ("o3", 1e-5, 5e-2)):
+        policy = AMP_POLICIES.build({"name": name})
+        candidate = _micro()
+        for p, q in zip(candidate.get_parameters(), reference.get_parameters()):
+            p.set_data(Tensor(q.asnumpy()))  # same weights
+        report = drift_report(reference, policy.apply(candidate), policy, images)
+        rows = {line.split()[0]: float(line.split()[2]) for line in report.splitlines()[3:-2]}
+        assert list(rows) == ["patch_embed", "stage0.block0", "stage0.downsample", "stage1.block0", "norm", "logits"]
+        assert all(low <= err <= high for err in rows.values()), report
+
+
+def test_bfloat16_on_cpu_says_why_and_what_to_use() -> None:
+    with pytest.raises(ConfigError, match=r"amp.dtype=bfloat16.*CPU.*amp.dtype=float16"):
+        AMP_POLICIES.build({"name": "o2", "dtype": "bfloat16"})
+
+
+@pytest.mark.parametrize("node,match", [
+    ({"name": "o2", "loss_scale": "dynamc"}, r"amp.loss_scale='dynamc'.*dynamic, static, none"),
+    ({"name": "o2", "init_scale": 0.5}, r"amp.init_scale=0.5 must be >= 1"),
+    ({"name": "o1_manual", "fp32_cells": ["LayerNrom"]}, r"'LayerNrom'.*Did you mean 'LayerNorm'"),
+    ({"name": "o3", "dtype": "float8"}, r"amp.dtype='float8'.*float16, bfloat16"),
+])
+def test_bad_amp_settings_name_the_key(node: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        AMP_POLICIES.build(node)
+
+
+def test_loss_scale_modes_build_the_right_scaler() -> None:
+    dynamic = AMP_POLICIES.build({"name": "o2"}).make_scaler()
+    assert float(dynamic.scale_value.asnumpy()) == 2.0**16 and dynamic.scale_factor == 2 and dynamic.scale_window == 2000
+    static = AMP_POLICIES.build({"name": "o2", "loss_scale": "static", "init_scale": 1024}).make_scaler()
+    assert float(static.scale_value.asnumpy()) == 1024.0 and not hasattr(static, "counter")
+    assert float(AmpPolicy(level="O0").make_scaler().scale_value.asnumpy()) == 1.0

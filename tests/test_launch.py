@@ -1,0 +1,115 @@
+"""Multi-process runs through msrun: the command, dry runs, and (slow) a real 2-process CPU training."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from swinexp.config import HardwareCfg
+from swinexp.launch import failure_report, msrun_command, needs_launch
+from swinexp.registry import ConfigError
+from tests.conftest import ROOT, SMOKE
+
+
+def _run(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_msrun_command_carries_world_node_master_and_the_same_run_dir(tmp_path: Path) -> None:
+    hw = HardwareCfg(device_target="Ascend", num_devices=8, num_nodes=2, node_rank=1, master_addr="10.0.0.1",
+                     master_port=9000)
+    cmd = msrun_command(hw, Path("run.py"), ["model=swin_tiny", "hydra.run.dir=/old", "+dry_run=true"], tmp_path)
+    assert cmd[1:8] == ["--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--master_port=9000",
+                        "--node_rank=1", f"--log_dir={tmp_path / 'msrun'}", "--join=True"]
+    assert cmd[8:] == ["run.py", "model=swin_tiny", f"hydra.run.dir={tmp_path}"]
+    assert needs_launch(hw) and not needs_launch(HardwareCfg())
+    with pytest.raises(ConfigError, match="hardware.node_rank=2 must be in 0..1"):
+        msrun_command(HardwareCfg(num_devices=8, num_nodes=2, node_rank=2), Path("run.py"), [], tmp_path)
+
+
+def test_failure_report_shows_the_failing_workers_traceback(tmp_path: Path) -> None:
+    (tmp_path / "worker_0.log").write_text("[WARNING] noise\nall fine\n")
+    (tmp_path / "worker_1.log").write_text("[WARNING] noise\nTraceback (most recent call last):\nValueError: boom\n")
+    report = failure_report(tmp_path)
+    assert "worker_1.log" in report and "ValueError: boom" in report
+    assert "worker_0.log" not in report and "noise" not in report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hardware,expected", [
+    ("ascend8", ["8 worker(s) = 8 per node x 1 node(s)", "--worker_num=8 --local_worker_num=8",
+                 "--master_addr=127.0.0.1 --master_port=8118 --node_rank=0", "communication=HCCL",
+                 "total batch: 8 per device x 8 devices x 1 accumulation = 64"]),
+    ("ascend8x2", ["16 worker(s) = 8 per node x 2 node(s)", "--worker_num=16 --local_worker_num=8",
+                   "--node_rank=0", "--node_rank=1", "hardware.node_rank=1 hardware.master_addr=<node 0 address>",
+                   "device_num=16"]),
+])
+def test_dry_run_prints_the_launch_without_hardware(hardware: str, expected: list[str], tmp_path: Path) -> None:
+    smoke = [o for o in SMOKE if not o.startswith("hardware=")]
+    out = _run(*smoke, f"hardware={hardware}", "+dry_run=true", f"data.root={tmp_path / 'data'}",
+               f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for text in expected:
+        assert text in out.stdout, text
+    assert not (tmp_path / "run" / "msrun").exists()  # nothing was launched
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
+    from swinexp import checkpoint
+    from swinexp.build import node
+    from swinexp.data import DATASETS, build_loaders
+    from swinexp.data.transforms import EvalTransform
+    from swinexp.evaluate import evaluate
+    from swinexp.registry import MODELS
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    smoke = [o for o in SMOKE if not o.startswith(("hardware=", "tracking="))]
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", f"data.root={tmp_path / 'data'}",
+               "trainer.limit_val_batches=null", "tracking=mlflow", f"tracking.uri={uri}",
+               f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+    digests = {p.name: p.read_text() for p in run_dir.glob("weights_rank*.sha256")}
+    assert sorted(digests) == ["weights_rank0.sha256", "weights_rank1.sha256"]
+    assert len(set(digests.values())) == 1  # data parallel kept both replicas bit-identical
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    assert run.data.params["hardware.num_devices"] == "2" and run.data.metrics["train/total_batch"] == 16
+    logged = client.get_metric_history(run.info.run_id, "val/top1")
+    assert [m.step for m in logged] == [1, 2]
+
+    # val/top1 is over the whole val set (both shards), not rank 0's half
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    model = MODELS.build(node(cfg, "model"))
+    checkpoint.load(run_dir / "checkpoints" / "last.ckpt", model)
+    spec = DATASETS.build({k: v for k, v in node(cfg, "data").items() if k != "augment"})
+    _, val = build_loaders(spec, EvalTransform(spec.img_size, 1.0), seed=0)
+    assert evaluate(model, val.epoch(0))["val/top1"] == pytest.approx(logged[-1].value, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_failing_worker_fails_the_command_and_shows_its_error(tmp_path: Path) -> None:
+    smoke = [o for o in SMOKE if not o.startswith("hardware=")]
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", f"data.root={tmp_path / 'data'}",
+               "+debug.fail_rank=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
+    assert out.returncode != 0
+    assert "worker_1.log" in out.stderr and "debug.fail_rank=1: this worker fails on purpose" in out.stderr
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout
+    assert leftover.strip() == ""  # msrun took every worker down

@@ -1,0 +1,158 @@
+"""The jitted train step: overflow skip, gradient accumulation, clipping, EMA."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from swinexp.amp import AmpPolicy
+from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
+from swinexp.step import StepOutput, clip_by_global_norm, global_norm, make_train_step
+
+
+def _dense() -> nn.Cell:
+    net = nn.Dense(4, 3)
+    net.weight.set_data(Tensor(np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)))
+    return net
+
+
+def _batch(n: int, seed: int = 0, size: tuple[int, ...] = (4,), classes: int = 3) -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(seed)
+    return (Tensor(rng.normal(size=(n, *size)).astype(np.float32)),
+            Tensor(np.eye(classes, dtype=np.float32)[rng.integers(0, classes, n)]))
+
+
+def _weights(net: nn.Cell) -> list[np.ndarray]:
+    return [p.asnumpy().copy() for p in net.trainable_params()]
+
+
+def _step_count(optimizer: nn.Optimizer) -> int:
+    return int(optimizer.global_step.asnumpy().reshape(-1)[0])
+
+
+def test_fp16_overflow_is_skipped_and_halves_the_scale() -> None:
+    policy = AMP_POLICIES.build({"name": "o3", "init_scale": 2.0**40})  # 2^40 x dlogits overflows fp16 (max 65504)
+    net = policy.apply(_dense())
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    step = make_train_step(net, optimizer, policy, clip_grad=None, jit=True)
+    before = _weights(net)
+    out = step(*_batch(8))
+    assert out.updated and out.overflow and np.isfinite(out.loss) and out.loss_scale == 2.0**40
+    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))  # weights unchanged
+    assert float(step.scaler.scale_value.asnumpy()) == 2.0**39
+    assert _step_count(optimizer) == 0  # no optimizer step, so no LR step either
+
+
+def test_clean_steps_grow_the_scale_after_the_window() -> None:
+    policy = AMP_POLICIES.build({"name": "o2", "init_scale": 4, "scale_window": 2})
+    net = policy.apply(_dense())
+    step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.1), policy, None, jit=True)
+    scales = [step(*_batch(8)).loss_scale for _ in range(3)]
+    assert scales == [4.0, 4.0, 8.0]
+
+
+def _swin_micro() -> nn.Cell:
+    return MODELS.build({"name": "swin_micro", "img_size": 32, "num_classes": 10, "depths": [1, 1],
+                         "drop_path_rate": 0.0})
+
+
+def _mlp() -> nn.Cell:
+    return nn.SequentialCell([nn.Dense(4, 8), nn.LayerNorm((8,)), nn.GELU(), nn.Dense(8, 3)])
+
+
+def _sgd_after_one_update(make_net: Callable[[], nn.Cell], batches: list[tuple[Tensor, Tensor]],
+                          jit: bool) -> tuple[list[np.ndarray], int, list[StepOutput]]:
+    """Train a fresh net with fixed weights and SGD lr 1 (the update is the gradient, so weights compare grads)."""
+    net = make_net()
+    for i, p in enumerate(net.trainable_params()):  # identical weights in every call
+        p.set_data(Tensor(np.random.default_rng(i).normal(0, 0.05, p.shape).astype(np.float32)))
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=1.0)
+    step = make_train_step(net, optimizer, AmpPolicy("O0"), None, jit, accumulation_steps=len(batches))
+    outs = [step(*b) for b in batches]
+    return _weights(net), _step_count(optimizer), outs
+
+
+@pytest.mark.parametrize("make_net,size,classes,jit", [(_swin_micro, (3, 32, 32), 10, False), (_mlp, (4,), 3, True)],
+                         ids=["swin_micro-pynative", "mlp-jit"])
+def test_four_micro_batches_equal_one_batch_of_four_times_the_size(make_net: Callable[[], nn.Cell],
+                                                                    size: tuple[int, ...], classes: int,
+                                                                    jit: bool) -> None:
+    images, targets = _batch(8, size=size, classes=classes)
+    whole, whole_steps, whole_out = _sgd_after_one_update(make_net, [(images, targets)], jit)
+    micro = [(images[i:i + 2], targets[i:i + 2]) for i in range(0, 8, 2)]
+    accumulated, micro_steps, micro_out = _sgd_after_one_update(make_net, micro, jit)
+    assert whole_steps == micro_steps == 1  # one optimizer step for the four micro-batches
+    assert [o.updated for o in micro_out] == [False, False, False, True]
+    assert micro_out[-1].grad_norm == pytest.approx(whole_out[0].grad_norm, rel=1e-5)
+    for a, b in zip(accumulated, whole):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_non_finite_micro_batch_skips_the_whole_window_and_leaves_clean_buffers() -> None:
+    net = _dense()
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    step = make_train_step(net, optimizer, AmpPolicy("O0"), None, jit=True, accumulation_steps=2)
+    before = _weights(net)
+    bad = Tensor(np.full((4, 4), np.inf, np.float32))
+    step(bad, _batch(4)[1])
+    out = step(*_batch(4))  # finite, but the window had an overflow
+    assert out.overflow and _step_count(optimizer) == 0
+    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))
+    assert all(np.all(buf.asnumpy() == 0) for buf in step.accum)  # cleared by subtraction, still finite
+    step(*_batch(4, seed=1))
+    assert not step(*_batch(4, seed=2)).overflow and _step_count(optimizer) == 1  # the next window trains
+
+
+def test_clipping_bounds_the_unscaled_gradient_norm() -> None:
+    policy = AMP_POLICIES.build({"name": "o2"})  # scaled by 2^16: clipping must see the unscaled gradient
+    net = policy.apply(_dense())
+    step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=1.0), policy, clip_grad=1e-3, jit=True)
+    before = _weights(net)
+    out = step(*_batch(8))
+    moved = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(_weights(net), before)))
+    assert out.grad_norm > 1e-2 and not out.overflow  # logged before clipping, unscaled
+    assert moved == pytest.approx(1e-3, rel=1e-3)  # SGD lr 1: the step is the clipped gradient
+
+
+def test_clip_by_global_norm_leaves_small_gradients_alone() -> None:
+    grads = (Tensor(np.array([3.0, 0.0], np.float32)), Tensor(np.array([[4.0]], np.float32)))
+    norm = global_norm(grads)
+    assert float(norm) == pytest.approx(5.0)
+    assert float(global_norm(clip_by_global_norm(grads, norm, 1.0))) == pytest.approx(1.0, rel=1e-5)
+    assert float(global_norm(clip_by_global_norm(grads, norm, 10.0))) == pytest.approx(5.0)
+
+
+def test_ema_follows_the_weights_per_optimizer_step_and_swaps() -> None:
+    net = _dense()
+    step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.5), AmpPolicy("O0"), None,
+                           jit=True, ema_decay=0.75)
+    w0 = _weights(net)
+    step(*_batch(8))
+    w1 = _weights(net)
+    expected = [0.75 * a + 0.25 * b for a, b in zip(w0, w1)]
+    for e, x in zip(step.ema, expected):
+        np.testing.assert_allclose(e.asnumpy(), x, atol=1e-6)
+    step.swap_ema()
+    np.testing.assert_allclose(_weights(net)[0], expected[0], atol=1e-6)
+    step.swap_ema()
+    np.testing.assert_array_equal(_weights(net)[0], w1[0])
+
+
+def test_accumulate_on_cpu_runs_and_says_where(caplog: pytest.LogCaptureFixture) -> None:
+    net = _dense()
+    with caplog.at_level(logging.INFO, logger="swinexp"):
+        step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.1), AmpPolicy("O0"), None,
+                               jit=True, accumulation_steps=2, accumulate_on="cpu")
+    assert "accumulate_on=cpu" in caplog.text
+    assert [step(*_batch(4, seed=s)).updated for s in range(2)] == [False, True]
+
+
+def test_bad_accumulation_settings_are_config_errors() -> None:
+    net = _dense()
+    with pytest.raises(ConfigError, match="trainer.accumulate_on='gpu'.*device, cpu"):
+        make_train_step(net, nn.SGD(net.trainable_params()), AmpPolicy("O0"), None, True, 2, "gpu")
+    with pytest.raises(ConfigError, match="trainer.accumulation_steps=0 must be >= 1"):
+        make_train_step(net, nn.SGD(net.trainable_params()), AmpPolicy("O0"), None, True, 0)
