@@ -27,7 +27,7 @@ from swinexp.data.pipeline import Loader
 from swinexp.data.synthetic import SHAPES, draw_image
 from swinexp.data.transforms import EvalTransform
 
-CIFAR_TRAIN = Path("/work/shared/datasets/cifar10/train.tar")
+CIFAR_TRAIN = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cifar10" / "train.tar"
 
 
 def source_images(count: int, size: int) -> list[tuple[str, Image.Image]]:

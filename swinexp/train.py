@@ -117,6 +117,12 @@ def fit(exp: Experiment, run_dir: Path, jit: bool) -> list[dict[str, float]]:
                             for k, v in evaluate(model, ema_batches, eval_step, distributed).items()})
             train_step.swap_ema()
         metrics["epoch_time_s"] = time.perf_counter() - start
+        skipped = {"data/train_skipped_files": exp.train_loader.skipped_files,
+                   "data/val_skipped_files": exp.val_loader.skipped_files}
+        metrics.update({k: float(v) for k, v in skipped.items()})
+        if any(skipped.values()):
+            log.warning("epoch %d: unreadable images were replaced by the next sample: %s (their names are in the "
+                        "warnings above)", epoch + 1, skipped)
         exp.tracker.log_metrics(metrics, step=epoch + 1)  # step 10 = end of the tenth epoch
         meta = {"epoch": epoch + 1, "val_top1": metrics["val/top1"], "mlflow_run_id": exp.tracker.run_id or ""}
         if main_rank:  # every rank holds the same weights; one copy on disk

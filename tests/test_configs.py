@@ -47,6 +47,9 @@ def test_yaml_mirrors_builder_parameters_one_to_one(group: str, option: str) -> 
 def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: str, option: str,
                                     tmp_path: Path) -> None:
     overrides, smoke = [f"{'+' if group == 'model/rewrites' else ''}{group}={option}"], True
+    if group == "experiment":
+        smoke = False  # an experiment replaces the groups the smoke overrides would pin
+        overrides.append("data.root=unused")  # composing needs no data
     if group == "data" and option != "synthetic":
         smoke = False  # the smoke overrides set synthetic-only keys
         for split in ("train", "test" if option == "cifar10_folder" else "val"):
@@ -73,6 +76,9 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
     elif group == "scheduler":
         lr = REGISTRIES[group].build(node(cfg, group), base_lr=1e-3, epochs=3, steps_per_epoch=4)
         assert lr.shape == (12,) and lr.max() <= 1e-3 + 1e-9
+    elif group == "experiment":  # a global preset: it must compose and its model must fit its data
+        model = REGISTRIES["model"].build(node(cfg, "model"))
+        assert model.num_classes == cfg.data.num_classes
     elif group == "model/rewrites":  # a preset of model switches, merged into `model`
         preset = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
         assert all(cfg.model[k] == v for k, v in preset.items())

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 from PIL import Image
 
 from swinexp.data.augment import light, swin
+from swinexp.data.cifar10 import extract
 from swinexp.data.datasets import cifar10_folder, imagefolder, synthetic
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import scan_split
@@ -143,7 +143,7 @@ def test_smoothed_targets_follow_timm() -> None:
     assert np.allclose(targets[0], [0.025, 0.025, 0.925, 0.025]) and np.allclose(targets.sum(axis=1), 1)
 
 
-CIFAR_TAR = Path("/work/shared/datasets/cifar10")
+CIFAR_TAR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cifar10"  # ../shared beside the checkout
 
 
 def _write_bad_inputs(folder: Path) -> dict[str, tuple[int, int, int]]:
@@ -234,17 +234,7 @@ def cifar_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """3 train and 2 test JPEGs per class, extracted from the shared CIFAR-10 tars (skip when absent)."""
     if not (CIFAR_TAR / "train.tar").is_file() or not (CIFAR_TAR / "test.tar").is_file():
         pytest.skip(f"CIFAR-10 tars not found under {CIFAR_TAR}")
-    root = tmp_path_factory.mktemp("cifar10")
-    for split, per_class in (("train", 3), ("test", 2)):
-        with tarfile.open(CIFAR_TAR / f"{split}.tar") as tar:
-            kept: dict[str, int] = {}
-            for member in tar:
-                parts = Path(member.name).parts
-                if member.isfile() and len(parts) == 3 and kept.get(parts[1], 0) < per_class:
-                    kept[parts[1]] = kept.get(parts[1], 0) + 1
-                    tar.extract(member, root, filter="data")
-                if len(kept) == 10 and all(v == per_class for v in kept.values()):
-                    break
+    root = extract(CIFAR_TAR, tmp_path_factory.mktemp("cifar10"), train_per_class=3, test_per_class=2)
     return root
 
 
