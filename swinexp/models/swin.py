@@ -1,8 +1,9 @@
 """Swin Transformer (Liu et al. 2021), a faithful MindSpore port of microsoft/Swin-Transformer.
 
-Layout follows timm: attention -> block -> merging -> stage -> model, then the weight helpers, then the
-size variants as a table and their registered builders. Parameter names match the official PyTorch
-state dict name by name, with MindSpore's LayerNorm `gamma`/`beta` for PyTorch's `weight`/`bias`.
+Layout follows timm: attention -> block -> merging -> stage -> model, then the size variants as a table and
+their registered builders (which load `pretrained` weights; name conversion lives in convert.py). Parameter
+names match the official PyTorch state dict name by name, with MindSpore's LayerNorm `gamma`/`beta` for
+PyTorch's `weight`/`bias`.
 
 Three switches select equivalent formulations of the same function (the ablations of this project):
 
@@ -35,6 +36,7 @@ from swinexp.models.layers import (
     window_partition,
     window_reverse,
 )
+from swinexp.models.pretrained import load_pretrained
 from swinexp.registry import MODELS, ConfigError
 
 __all__ = [
@@ -44,8 +46,6 @@ __all__ = [
     "SwinTransformer",
     "SwinTransformerBlock",
     "WindowAttention",
-    "fuse_qkv",
-    "split_qkv",
 ]
 
 QKV_MODES = ("fused", "split", "fused_split")
@@ -558,48 +558,6 @@ def _validate(
     )
 
 
-def split_qkv(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Convert a `qkv="fused"`/`"fused_split"` state dict to `qkv="split"` names; other entries pass through.
-
-    The fused weight's rows are [q; k; v] (the official reshape (B, N, 3, heads, hd) puts q first).
-
-    Args:
-        state: Parameter name to array, e.g. `{p.name: p.asnumpy() for p in model.get_parameters()}`.
-
-    Returns:
-        A new dict with every `*.attn.qkv.{weight,bias}` replaced by `*.attn.{q,k,v}.{weight,bias}`.
-    """
-    out: dict[str, np.ndarray] = {}
-    for name, value in state.items():
-        prefix, sep, leaf = name.rpartition(".qkv.")
-        if not sep:
-            out[name] = value
-            continue
-        for part, chunk in zip("qkv", np.split(value, 3, axis=0)):
-            out[f"{prefix}.{part}.{leaf}"] = chunk
-    return out
-
-
-def fuse_qkv(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inverse of `split_qkv`: concatenate `*.attn.{q,k,v}.*` rows into `*.attn.qkv.*`.
-
-    Args:
-        state: Parameter name to array of a `qkv="split"` model.
-
-    Returns:
-        A new dict with fused `qkv` entries, as the official checkpoints have them.
-    """
-    out: dict[str, np.ndarray] = {}
-    for name, value in state.items():
-        prefix, sep, leaf = name.rpartition(".q.")
-        if sep:
-            parts = [state[f"{prefix}.{p}.{leaf}"] for p in "qkv"]
-            out[f"{prefix}.qkv.{leaf}"] = np.concatenate(parts, axis=0)
-        elif ".k." not in name and ".v." not in name:
-            out[name] = value
-    return out
-
-
 # Size variants as data (official configs/swin/*.yaml); user overrides win in the builders.
 SWIN_VARIANTS: dict[str, dict[str, Any]] = {
     # tiny debug model for CPU tests: 16x16 then 8x8 maps, 4x4 windows
@@ -621,19 +579,29 @@ SWIN_VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def _variant(name: str) -> Callable[..., SwinTransformer]:
-    """Register a builder `name(**overrides)` whose signature shows SwinTransformer's with this variant's defaults."""
+    """Register a builder `name(pretrained=None, **overrides)` with this variant's defaults in its signature.
+
+    The signature is SwinTransformer's plus `pretrained`, a weight file loaded after init (see
+    pretrained.load_pretrained), so the registry checks config keys against it and conf/model mirrors it.
+    """
     defaults = SWIN_VARIANTS[name]
 
-    def builder(**overrides: Any) -> SwinTransformer:
-        return SwinTransformer(**{**defaults, **overrides})
+    def builder(pretrained: str | None = None, **overrides: Any) -> SwinTransformer:
+        model = SwinTransformer(**{**defaults, **overrides})
+        if pretrained:
+            load_pretrained(model, pretrained)
+        return model
 
     params = list(inspect.signature(SwinTransformer.__init__).parameters.values())[1:]  # drop self
+    params = [p.replace(kind=p.KEYWORD_ONLY, default=defaults.get(p.name, p.default)) for p in params]
+    file_param = inspect.Parameter("pretrained", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation="str | None")  # fmt: skip
     builder.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [p.replace(kind=p.KEYWORD_ONLY, default=defaults.get(p.name, p.default)) for p in params],
-        return_annotation=SwinTransformer,
+        [*params, file_param], return_annotation=SwinTransformer
     )
     builder.__name__ = builder.__qualname__ = name
-    builder.__doc__ = f"Build {name} ({', '.join(f'{k}={v}' for k, v in defaults.items())}); kwargs override."
+    builder.__doc__ = (f"Build {name} ({', '.join(f'{k}={v}' for k, v in defaults.items())}); kwargs override; "
+                       "`pretrained` is a .ckpt, timm .safetensors or official .pth loaded after init.")
     return MODELS.register(name)(builder)
 
 

@@ -1,0 +1,59 @@
+"""`create_model`: the Python entry point, built from the same registry and `conf/model/<name>.yaml` as `run.py`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mindspore import nn
+from omegaconf import OmegaConf
+
+from swinexp.registry import MODELS, ConfigError
+
+__all__ = ["MODEL_CONF_DIR", "create_model", "model_defaults"]
+
+MODEL_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
+
+
+def model_defaults(name: str) -> dict[str, Any]:
+    """The builder kwargs of `conf/model/<name>.yaml`, without `name` and without `${data...}` interpolations.
+
+    Interpolated keys (`img_size`, `num_classes` follow the data in a run) fall back to the builder's defaults or
+    the caller's arguments.
+
+    Args:
+        name: A registered model name.
+
+    Returns:
+        Key to plain value (lists, not ListConfig).
+
+    Raises:
+        ConfigError: `name` is not registered (listing the choices) or has no YAML file.
+    """
+    MODELS.get(name)  # unknown names fail here, with the choices and a close match
+    path = MODEL_CONF_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"model '{name}' is registered but {path} is missing; add it (see conf/model/swin_tiny.yaml)")
+    node = OmegaConf.load(path)
+    values = OmegaConf.to_container(node, resolve=False)
+    return {k: v for k, v in values.items() if k != "name" and not OmegaConf.is_interpolation(node, k)}
+
+
+def create_model(name: str, pretrained: str | None = None, num_classes: int = 1000, **overrides: Any) -> nn.Cell:
+    """Build a registered model with its config-file defaults, optionally loading weights.
+
+    Example: `swinexp.create_model("swin_tiny", pretrained="swin_tiny.safetensors", qkv="fused")`.
+
+    Args:
+        name: Registered model name, e.g. "swin_tiny" (the file name in conf/model).
+        pretrained: A `.ckpt`, timm `.safetensors` or official `.pth`; its head is dropped if num_classes differs.
+        num_classes: Classes of the head; 0 builds the backbone only.
+        **overrides: Any other builder parameter (img_size, qkv, drop_path_rate, ...); they win over the file.
+
+    Returns:
+        The built model (an `nn.Cell`), in training mode as MindSpore builds it.
+
+    Raises:
+        ConfigError: Unknown name or parameter, invalid value, or a weight file that does not fit.
+    """
+    kwargs = {**model_defaults(name), "num_classes": num_classes, "pretrained": pretrained, **overrides}
+    return MODELS.build({"name": name, **kwargs})
