@@ -33,6 +33,7 @@ class TrainerCfg:
     limit_train_batches: Optional[int] = None   # cap on batches per epoch (quick runs); null = whole epoch
     limit_val_batches: Optional[int] = None     # cap on validation batches; null = whole val set
     progress_bar: bool = True                   # tqdm bar per epoch (loss, lr, images/s)
+    eval_only: bool = False                     # only evaluate (e.g. model.pretrained=...), logged at step 0
     amp_report: bool = True                     # log the per-cell dtype table and fp32 drift report as artifacts
 
 

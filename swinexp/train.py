@@ -146,6 +146,15 @@ def _limit(batches, limit: int | None):
         yield batch
 
 
+def evaluate_only(exp: Experiment, jit: bool) -> dict[str, float]:
+    """One validation pass over the whole val set, logged at step 0 (before any training)."""
+    metrics = evaluate(exp.model, exp.val_loader.epoch(0), make_eval_step(exp.model, jit), launch.is_worker())
+    exp.tracker.log_metrics(metrics, step=0)
+    log.info("eval only  val/loss %.4f  val/top1 %.2f  val/top5 %.2f", metrics["val/loss"], metrics["val/top1"],
+             metrics["val/top5"])
+    return metrics
+
+
 def log_amp_report(exp: Experiment, model_cfg: dict, run_dir: Path) -> None:
     """Save the policy's per-cell dtype table and its fp32 drift report on one val batch as run artifacts."""
     images, _ = next(iter(exp.val_loader.epoch(0)))
@@ -201,7 +210,8 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         tracker.log_artifact(job.run_dir / "config.yaml")
         if exp.trainer.amp_report and launch.rank() == 0:
             log_amp_report(exp, node(cfg, "model"), job.run_dir)
-        history = fit(exp, job.run_dir, jit=hw.mode == "graph")
+        jit = hw.mode == "graph"
+        history = [evaluate_only(exp, jit)] if exp.trainer.eval_only else fit(exp, job.run_dir, jit)
     except KeyboardInterrupt:
         tracker.close("KILLED")
         raise

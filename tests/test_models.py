@@ -301,3 +301,18 @@ def test_create_model_errors_name_the_problem() -> None:
         create_model("swin_tiyn")
     with pytest.raises(ConfigError, match="model.embed_dims is not a parameter"):
         create_model("swin_micro", embed_dims=16)
+
+
+@pytest.mark.parametrize("qkv", ["split", "fused_split"])
+def test_same_seed_gives_the_same_initial_weights_whatever_the_switches(qkv: str) -> None:
+    """An ablation must change the computation only: every variant starts from the official variant's weights."""
+    def state(**switches: str) -> dict[str, np.ndarray]:
+        ms.set_seed(11)
+        np.random.seed(11)
+        return fuse_qkv({p.name: p.asnumpy() for p in micro(**switches).get_parameters()})
+
+    official = state(qkv="fused", patch_merging="slice", rel_pos_bias="gather")
+    variant = state(qkv=qkv, patch_merging="reshape", rel_pos_bias="onehot")
+    assert official.keys() == variant.keys()
+    for name in official:
+        np.testing.assert_array_equal(official[name], variant[name], err_msg=name)

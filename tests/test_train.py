@@ -6,6 +6,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import pytest
 from mindspore import Tensor
 from omegaconf import DictConfig, OmegaConf
 
@@ -86,3 +87,29 @@ def test_every_overflowing_step_is_counted_and_skipped(compose: Callable[..., Di
     assert [m["train/loss_scale"] for m in history] == pytest.approx([1e30 / 4, 1e30 / 32], rel=1e-6)
     assert history[-1]["train/optimizer_steps"] == 0
     assert all(np.array_equal(a, p.asnumpy()) for a, p in zip(before, exp.model.trainable_params()))
+
+
+def test_checkpoint_holds_official_names_and_loads_into_any_qkv_variant(compose: Callable[..., DictConfig],
+                                                                          tmp_path: Path) -> None:
+    from mindspore import load_checkpoint
+
+    split = MODELS.build({**node(compose(), "model"), "qkv": "split", "drop_path_rate": 0.0})
+    fused = MODELS.build({**node(compose(), "model"), "qkv": "fused", "drop_path_rate": 0.0})
+    checkpoint.save(tmp_path / "split.ckpt", split, meta={"epoch": 3})
+    names = set(load_checkpoint(str(tmp_path / "split.ckpt")))
+    assert "layers.0.blocks.0.attn.qkv.weight" in names and "layers.0.blocks.0.attn.q.weight" not in names
+    assert checkpoint.load(tmp_path / "split.ckpt", fused) == {"epoch": 3}
+    images = Tensor(np.random.default_rng(1).normal(size=(2, 3, 32, 32)).astype(np.float32))
+    split.set_train(False)
+    fused.set_train(False)
+    np.testing.assert_allclose(fused(images).asnumpy(), split(images).asnumpy(), atol=1e-6)
+
+
+def test_eval_only_scores_imported_weights_like_the_run_that_wrote_them(compose: Callable[..., DictConfig],
+                                                                        tmp_path: Path) -> None:
+    trained = run(compose("trainer.limit_val_batches=null"), JobInfo(run_dir=tmp_path / "train"))
+    ckpt = tmp_path / "train" / "checkpoints" / "last.ckpt"
+    scored = run(compose("trainer.eval_only=true", f"model.pretrained={ckpt}", "trainer.limit_val_batches=null"),
+                 JobInfo(run_dir=tmp_path / "eval"))
+    assert scored["val/top1"] == trained["val/top1"] and scored["val/loss"] == pytest.approx(trained["val/loss"])
+    assert not (tmp_path / "eval" / "checkpoints").exists()  # nothing was trained

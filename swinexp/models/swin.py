@@ -97,12 +97,15 @@ class WindowAttention(nn.Cell):
             # float32 one-hot rows, cast at use to the table's dtype (fp16 under AMP O3; a no-op in fp32)
             self.relative_position_onehot = Tensor(np.eye(num_rel, dtype=np.float32)[index])  # (N*N, (2ws-1)^2)
 
+        # One (3*dim, dim) draw for every qkv mode, so the same seed gives the same initial function whichever
+        # formulation is chosen: the ablation changes the computation, not the starting weights.
+        qkv_weight = initializer(TruncNormal(INIT_STD), (3 * dim, dim)).init_data().asnumpy()
         if qkv == "split":
-            self.q = dense(dim, dim, has_bias=qkv_bias)
-            self.k = dense(dim, dim, has_bias=qkv_bias)
-            self.v = dense(dim, dim, has_bias=qkv_bias)
+            self.q, self.k, self.v = (
+                nn.Dense(dim, dim, weight_init=Tensor(w), bias_init="zeros", has_bias=qkv_bias)
+                for w in np.split(qkv_weight, 3))  # rows in q, k, v order, as the fused weight stores them
         else:
-            self.qkv = dense(dim, 3 * dim, has_bias=qkv_bias)
+            self.qkv = nn.Dense(dim, 3 * dim, weight_init=Tensor(qkv_weight), bias_init="zeros", has_bias=qkv_bias)
         self.attn_drop = nn.Dropout(p=attn_drop)
         self.proj = dense(dim, dim)
         self.proj_drop = nn.Dropout(p=proj_drop)
