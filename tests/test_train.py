@@ -6,7 +6,6 @@ from typing import Callable
 
 import numpy as np
 import pytest
-import pytest
 from mindspore import Tensor
 from omegaconf import DictConfig, OmegaConf
 
