@@ -52,6 +52,12 @@ class HardwareCfg:
     log_dir: Optional[str] = None               # msrun worker logs; null = <run dir>/msrun
 
 
+def register_resolvers() -> None:
+    """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed."""
+    if not OmegaConf.has_resolver("swinexp.floordiv"):
+        OmegaConf.register_new_resolver("swinexp.floordiv", lambda a, b: int(a) // int(b))
+
+
 def register_schemas() -> None:
     cs = ConfigStore.instance()
     cs.store(group="trainer", name="base_trainer", node=TrainerCfg)

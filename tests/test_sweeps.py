@@ -25,6 +25,8 @@ pytestmark = pytest.mark.slow
 
 # The jobs each named sweep must expand to (as `key=value` overrides).
 EXPECTED_JOBS = {
+    "accumulation": [["trainer.accumulation_steps=1"], ["trainer.accumulation_steps=2"],
+                     ["trainer.accumulation_steps=4"]],
     "amp_ablation": [["amp=o0"], ["amp=o2"], ["amp=o1_manual"]],
     "index_rewrites": [[f"+model/rewrites={r}"] for r in
                        ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")],
@@ -89,7 +91,9 @@ def test_named_sweep_expands_to_jobs_that_compose(sweep: str, tmp_path: Path,
     (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), max_batch_size=None)
     assert [list(job) for job in jobs] == EXPECTED_JOBS[sweep]
     for job in jobs:
-        compose(*job)  # every job's config composes (the options exist)
+        cfg = compose(f"+sweep={sweep}", *job, smoke=False)  # every job composes (the options exist)
+        if sweep == "accumulation":  # the total batch stays at 64
+            assert cfg.data.batch_size * cfg.trainer.accumulation_steps == 64
 
 
 def test_sweep_logs_a_parent_and_named_children_to_a_server(mlflow_server: str, tmp_path: Path) -> None:
