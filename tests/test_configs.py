@@ -52,7 +52,7 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
         overrides.append("data.root=unused")  # composing needs no data
     if group == "data" and option != "synthetic":
         smoke = False  # the smoke overrides set synthetic-only keys
-        for split in ("train", "test" if option == "cifar10_folder" else "val"):
+        for split in ("train", "test" if option == "cifar10_folder" else "val"):  # imagenet: two stand-in classes
             for name in ("a", "b"):
                 (tmp_path / "folder" / split / name).mkdir(parents=True)
                 Image.new("RGB", (20, 20)).save(tmp_path / "folder" / split / name / "0.jpg")

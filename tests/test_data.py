@@ -10,7 +10,7 @@ from PIL import Image
 
 from swinexp.data.augment import light, swin
 from swinexp.data.cifar10 import extract
-from swinexp.data.datasets import cifar10_folder, imagefolder, synthetic
+from swinexp.data.datasets import cifar10_folder, imagefolder, imagenet, synthetic
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import scan_split
 from swinexp.data.pipeline import DecodeTransform, EpochSampler, build_loaders
@@ -247,3 +247,18 @@ def test_cifar10_folder_reads_train_and_test_splits(cifar_subset: Path) -> None:
     x, y = next(iter(train.epoch(0)))
     assert x.shape == (10, 3, 32, 32) and y.shape == (10, 10)
     assert next(iter(val.epoch(0)))[1].asnumpy()[:3].tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("index_format", ["txt", "json"])
+def test_class_index_file_sets_the_label_order(tmp_path: Path, index_format: str) -> None:
+    _write_folder(tmp_path / "d", {"train": {"n02": 1, "n01": 2}, "val": {"n02": 1, "n01": 1}})
+    if index_format == "txt":
+        (tmp_path / "index.txt").write_text("n02 goldfish\nn01 tench\n")
+    else:
+        (tmp_path / "index.json").write_text('{"0": ["n02", "goldfish"], "1": ["n01", "tench"]}')
+    spec = imagenet(str(tmp_path / "d"), num_classes=2, class_index=str(tmp_path / f"index.{index_format}"))
+    assert spec.classes == ("n02", "n01")
+    assert {Path(p).parent.name: label for p, label in spec.train} == {"n02": 0, "n01": 1}
+    (tmp_path / "bad.txt").write_text("n02\nn03\n")
+    with pytest.raises(ConfigError, match=r"only in the index: \['n03'\], only in the folder: \['n01'\]"):
+        imagenet(str(tmp_path / "d"), num_classes=2, class_index=str(tmp_path / "bad.txt"))

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from swinexp.data.folder import Sample, scan_image_folder
+from swinexp.data.folder import Sample, read_class_index, scan_image_folder
 from swinexp.data.synthetic import SHAPES, generate
 from swinexp.registry import DATASETS, ConfigError
 
@@ -46,18 +46,28 @@ def default_cache_dir() -> Path:
 
 @DATASETS.register("imagefolder")
 def imagefolder(root: str, num_classes: int = 1000, img_size: int = 224, batch_size: int = 64, num_workers: int = 4,
-                crop_pct: float = 0.875, train_split: str = "train", val_split: str = "val") -> DataSpec:
-    """ImageNet layout `<root>/{train,val}/<class>/<image>`; the folder's class count must equal num_classes."""
+                crop_pct: float = 0.875, train_split: str = "train", val_split: str = "val",
+                class_index: str | None = None) -> DataSpec:
+    """ImageNet layout `<root>/{train,val}/<class>/<image>`; the folder's class count must equal num_classes.
+    Labels follow the sorted class folder names, or the order of the `class_index` file when given."""
     _check_loader_args(batch_size, num_workers, img_size, crop_pct)
     if not Path(root).is_dir():
         raise ConfigError(f"data.root='{root}' does not exist; point it at a folder holding {train_split}/ and {val_split}/")
-    classes, train, val = scan_image_folder(Path(root), train_split, val_split)
+    order = read_class_index(Path(class_index)) if class_index else None
+    classes, train, val = scan_image_folder(Path(root), train_split, val_split, order)
     if len(classes) != num_classes:
         raise ConfigError(
             f"data.root='{root}' has {len(classes)} class folders but data.num_classes={num_classes}; "
             f"set data.num_classes={len(classes)}"
         )
     return DataSpec(Path(root), tuple(classes), tuple(train), tuple(val), img_size, batch_size, num_workers, crop_pct)
+
+
+@DATASETS.register("imagenet")
+def imagenet(root: str, num_classes: int = 1000, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
+             crop_pct: float = 0.875, class_index: str | None = None) -> DataSpec:
+    """ImageNet-1k (`<root>/train/<wnid>/`, `<root>/val/<wnid>/`): the imagefolder reader with ImageNet's numbers."""
+    return imagefolder(root, num_classes, img_size, batch_size, num_workers, crop_pct, "train", "val", class_index)
 
 
 @DATASETS.register("synthetic")
