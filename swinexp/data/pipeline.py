@@ -135,9 +135,15 @@ class Loader:
         """
         self.sampler.epoch = epoch
         self.skipped_files = 0
-        for images, targets, skipped in self.dataset.create_tuple_iterator(num_epochs=1):
-            self.skipped_files += int(skipped.asnumpy().sum())
-            yield images, targets
+        iterator = self.dataset.create_tuple_iterator(num_epochs=1)
+        try:
+            for images, targets, skipped in iterator:
+                self.skipped_files += int(skipped.asnumpy().sum())
+                yield images, targets
+        finally:
+            # A caller that stops early (limit_train_batches) must not leave this pipeline running: its workers
+            # would go on drawing from the shared sampler while the next epoch's pipeline starts.
+            iterator.stop()
 
 
 def build_loaders(spec: DataSpec, train_transform: Transform, seed: int, targets: BatchTransform | None = None,
