@@ -139,10 +139,8 @@ def o1_manual(dtype: str = "float16", fp32_cells: Sequence[str] = MANUAL_FP32_CE
     Args:
         dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
         fp32_cells: mindspore.nn class names, e.g. [GELU, Softmax, LayerNorm]; subclasses match too.
-        loss_scale: "dynamic", "static" or "none".
-        init_scale: initial (dynamic) or constant (static) loss scale.
-        scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
-        scale_window: dynamic: clean optimizer steps before the scale grows.
+
+    The other arguments are those of `o1`.
     """
     return _policy("O1_manual", dtype, loss_scale, init_scale, scale_factor, scale_window, _cell_types(fp32_cells))
 
@@ -152,12 +150,8 @@ def o2(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 
        scale_window: int = 2000) -> AmpPolicy:
     """MindSpore O2: everything in `dtype` except its black list (BatchNorm1d/2d/3d, LayerNorm) in fp32.
 
-    Args:
-        dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
-        loss_scale: "dynamic", "static" or "none".
-        init_scale: initial (dynamic) or constant (static) loss scale.
-        scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
-        scale_window: dynamic: clean optimizer steps before the scale grows.
+
+    The other arguments are those of `o1`.
     """
     return _policy("O2", dtype, loss_scale, init_scale, scale_factor, scale_window)
 
@@ -167,11 +161,7 @@ def o3(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 
        scale_window: int = 2000) -> AmpPolicy:
     """MindSpore O3: every cell in `dtype`, LayerNorm and softmax included (the stress case for drift).
 
-    Args:
-        dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
-        loss_scale: "dynamic", "static" or "none".
-        init_scale: initial (dynamic) or constant (static) loss scale.
-        scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
-        scale_window: dynamic: clean optimizer steps before the scale grows.
+
+    The other arguments are those of `o1`.
     """
     return _policy("O3", dtype, loss_scale, init_scale, scale_factor, scale_window)
