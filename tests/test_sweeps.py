@@ -60,7 +60,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     raise RuntimeError((root / "server.log").read_text()[-2000:])
                 time.sleep(0.5)
         else:
-            raise RuntimeError("mlflow server did not answer /health in 60 s")
+            raise RuntimeError("mlflow server did not answer /health in 180 s")
         yield uri
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -114,11 +114,18 @@ def test_sweep_logs_a_parent_and_named_children_to_a_server(mlflow_server: str, 
         assert child.data.tags["sweep.id"] == parent.info.run_id and child.data.tags["sweep.keys"] == "amp"
         assert [m.step for m in client.get_metric_history(child.info.run_id, "val/top1")] == [1, 2]
     assert children[1].data.params["amp.name"] == "o2"
+    # hydra/launcher=isolated (the default): each job ran in a process of its own, as a single run in its subdir
+    assert len({c.data.tags["pid"] for c in children}) == 2
+    for num in (0, 1):
+        job_hydra = yaml.safe_load((tmp_path / "multirun" / str(num) / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        assert job_hydra["mode"] == "RUN" and job_hydra["run"]["dir"] == str(tmp_path / "multirun" / str(num))
 
 
-def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["isolated", "basic"])
+def test_failing_job_is_recorded_and_the_sweep_goes_on(launcher: str, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = _run("-m", "trainer.epochs=0,2", *[o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=2"],
+    out = _run("-m", "trainer.epochs=0,2", f"hydra/launcher={launcher}",
+               *[o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=2"],
                "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
     assert out.returncode != 0
     assert "trainer.epochs=0 must be >= 1" in out.stderr, out.stderr[-3000:]
@@ -130,3 +137,4 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
                       "trainer.epochs=2": "FINISHED"}
     (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
     assert "#0 trainer.epochs=0" in parent.data.tags["sweep.failed_jobs"]
+    assert "1 sweep job(s) failed" in out.stderr

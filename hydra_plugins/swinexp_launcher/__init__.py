@@ -1,0 +1,1 @@
+"""Hydra plugins of swinexp (found by Hydra through the `hydra_plugins` namespace package)."""
