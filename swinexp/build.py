@@ -8,9 +8,11 @@ import numpy as np
 from mindspore import Tensor, nn
 from omegaconf import DictConfig, OmegaConf
 
+from swinexp import hardware
 from swinexp.amp import AmpPolicy
-from swinexp.config import TrainerCfg
+from swinexp.config import HardwareCfg, TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
+from swinexp.data.datasets import check_data_args
 from swinexp.launch import is_worker, rank, world_size
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
@@ -66,14 +68,35 @@ def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
     return trainer
 
 
+def build_model(cfg: DictConfig) -> nn.Cell:
+    """The model of `cfg.model`; an error about a key the model takes from the data names the data key to change."""
+    try:
+        return MODELS.build(node(cfg, "model"))
+    except ConfigError as err:
+        written = OmegaConf.to_container(cfg.model, resolve=False)
+        followed = [k for k in written if f"model.{k}=" in str(err) and OmegaConf.is_interpolation(cfg.model, k)]
+        if not followed:
+            raise
+        key = followed[0]
+        raise ConfigError(f"{err}. model.{key} follows {written[key]}: change that key instead") from err
+
+
 def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experiment:
-    """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first."""
+    """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first.
+
+    Every check that needs no file, network or model (trainer, hardware backend, amp, data keys and root) runs
+    before the tracker opens its store and before the model is built.
+    """
     trainer = trainer_cfg(cfg)
+    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
+    hardware.validate(hw)
+    hardware.check_backend(hw)
     amp = AMP_POLICIES.build(node(cfg, "amp"))
     data_cfg = node(cfg, "data")
     augment_cfg = data_cfg.pop("augment", None) or {"name": "none"}
+    check_data_args(data_cfg)  # reads no file: a wrong root fails before the model costs seconds to build
     tracker = tracker if tracker is not None else TRACKERS.build(node(cfg, "tracking"))
-    model = amp.apply(MODELS.build(node(cfg, "model")))
+    model = amp.apply(build_model(cfg))
     spec = DATASETS.build(data_cfg)
     head = getattr(model, "num_classes", spec.num_classes)
     if head != spec.num_classes:

@@ -6,6 +6,7 @@ import random
 import mindspore as ms
 import mindspore.dataset as msds
 import numpy as np
+from mindspore._c_expression import MSContext
 from mindspore.communication import get_group_size, init
 
 from swinexp.config import HardwareCfg
@@ -27,9 +28,29 @@ def validate(hw: HardwareCfg) -> None:
         raise ConfigError(f"hardware.num_devices={hw.num_devices} and hardware.num_nodes={hw.num_nodes} must be >= 1")
 
 
+def check_backend(hw: HardwareCfg) -> None:
+    """Fail in a second when this MindSpore build cannot run hw.device_target (e.g. the CPU wheel and an Ascend preset).
+
+    Call it after a dry-run check: `+dry_run=true` must keep working for any preset, on any machine.
+    """
+    # the quiet form of ms.device_context.<target>.is_available(), which logs warnings of its own
+    context = MSContext.get_instance()
+    if context.is_pkg_support_device(hw.device_target):
+        return
+    why = [line for line in context.load_plugin_error().splitlines() if hw.device_target.lower() in line.lower()]
+    reason = why[0] if why else "its plugin is not installed"
+    raise ConfigError(
+        f"hardware.device_target='{hw.device_target}' (set by the hardware option) but this MindSpore "
+        f"{ms.__version__} build has no {hw.device_target} backend ({reason}); "
+        f"install MindSpore's {hw.device_target} build (see mindspore.cn), run here with hardware=cpu, or check the "
+        f"launch without the hardware by adding +dry_run=true to the same command"
+    )
+
+
 def apply(hw: HardwareCfg, seed: int) -> None:
     """Set the MindSpore context and seed every random source; call once per process, before building."""
     validate(hw)
+    check_backend(hw)
     ms.set_device(hw.device_target)
     ms.set_context(mode=MODES[hw.mode])
     if hw.jit_level is not None:

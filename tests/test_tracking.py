@@ -1,12 +1,23 @@
+"""Trackers read back from real stores: sqlite in tmp_path, and a real `mlflow server` for the offline fallback."""
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from swinexp.registry import ConfigError
-from swinexp.tracking import MlflowTracker, flatten, resolve_uri
+from swinexp.tracking import MlflowTracker, NullTracker, flatten, resolve_uri
+from tests.conftest import ROOT, SMOKE
 
 
 def test_flatten_gives_dotted_keys_and_keeps_lists() -> None:
@@ -45,3 +56,215 @@ def test_tracker_writes_a_run_that_reads_back(tmp_path: Path) -> None:
 def test_unreachable_server_fails_before_training_with_advice() -> None:
     with pytest.raises(ConfigError, match=r"cannot reach the MLflow tracking server.*tracking=none"):
         MlflowTracker("http://127.0.0.1:9", "exp")  # port 9 (discard): nothing listens
+
+
+# --- reopening a run (exact resume) -------------------------------------------------------------------------------
+
+def test_null_tracker_reopens_nothing() -> None:
+    tracker = NullTracker()
+    assert tracker.start("x", {}, run_id="0" * 32) is None and tracker.logged_steps("val/top1") == set()
+
+
+def test_reopen_continues_the_same_run_and_knows_its_logged_steps(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first = MlflowTracker(uri, "exp")
+    run_id = first.start("job", {"overrides": "a=1"})
+    first.log_metrics({"val/top1": 10.0}, step=1)
+    first.log_metrics({"val/top1": 20.0}, step=2)
+    first.close("KILLED")
+
+    again = MlflowTracker(uri, "exp")
+    assert again.start("job", {"resumed": "yes"}, run_id=run_id) == run_id == again.run_id
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert again.logged_steps("val/top1") == {1, 2} and again.logged_steps("never/logged") == set()
+    again.log_metrics({"val/top1": 30.0}, step=3)
+    again.close("FINISHED")
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["resumed"] == "yes"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "val/top1")] == [(1, 10.0), (2, 20.0),
+                                                                                           (3, 30.0)]
+    assert len(client.search_runs([client.get_experiment_by_name("exp").experiment_id])) == 1
+
+
+def test_reopening_an_unknown_run_says_what_to_do(tmp_path: Path) -> None:
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "exp")
+    with pytest.raises(ConfigError, match=r"cannot reopen run 0+: it does not exist in tracking.uri=.*start a new run"):
+        tracker.start("job", {}, run_id="0" * 32)
+
+
+def test_on_unreachable_accepts_only_error_or_warn(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tracking.on_unreachable='ignore' is not valid; choose one of: error, warn"):
+        MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "exp", on_unreachable="ignore")
+
+
+# --- offline fallback and sync into a real server ----------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(root: Path, port: int) -> subprocess.Popen:
+    """A real `mlflow server` with a sqlite backend in `root`; returns once it answers /health."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "a"), start_new_session=True)
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError((root / "server.log").read_text()[-2000:])
+            time.sleep(0.5)
+    _stop_server(proc)
+    raise RuntimeError("mlflow server did not answer /health in 120 s")
+
+
+def _stop_server(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    proc = _start_server(root, port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop_server(proc)
+
+
+def _sync(source: str, target: str, *extra: str) -> list[str]:
+    """`python -m swinexp.tracking sync` as a user runs it; returns its output lines."""
+    out = subprocess.run([sys.executable, "-m", "swinexp.tracking", "sync", "--from", source, "--to", target, *extra],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float, int]]:
+    return [(m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, key)]
+
+
+def test_offline_runs_sync_into_a_live_server_exactly_once(mlflow_server: str, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    dead, offline = f"http://127.0.0.1:{_free_port()}", f"sqlite:///{tmp_path}/mlflow-offline.db"
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        parent = MlflowTracker(dead, "offline", on_unreachable="warn", fallback_uri=offline)
+    assert parent.offline and parent.uri == offline
+    command = f"python -m swinexp.tracking sync --from {offline} --to {dead} --experiment offline"
+    assert dead in caplog.text and command in caplog.text  # the server, the fallback store, the command to run
+    parent_id = parent.start("sweep lr=1,2", {"sweep.role": "parent"})
+    parent.log_params({"optimizer.lr": 0.001, "model.name": "swin_micro"})
+    for step in (1, 2, 3):
+        parent.log_metrics({"val/top1": 10.0 * step, "train/loss_scale": float("nan")}, step=step)
+    (tmp_path / "config.yaml").write_text("seed: 1\n")
+    parent.log_artifact(tmp_path / "config.yaml")
+    parent.close("FINISHED")
+    child = MlflowTracker(dead, "offline", on_unreachable="warn", fallback_uri=offline)
+    child_id = child.start("lr=1", {"mlflow.parentRunId": parent_id})
+    child.log_metrics({"val/top1": 5.0}, step=1)
+    child.close("FAILED")
+
+    lines = _sync(offline, mlflow_server, "--experiment", "offline")
+    assert [line.split(":")[0] for line in lines] == ["created", "created"], lines  # one line per run
+    source, target = MlflowClient(offline), MlflowClient(mlflow_server)
+    runs = {r.info.run_name: r for r in target.search_runs([target.get_experiment_by_name("offline").experiment_id])}
+    assert sorted(runs) == ["lr=1", "sweep lr=1,2"]
+    copy, child_copy = runs["sweep lr=1,2"], runs["lr=1"]
+    assert copy.info.status == "FINISHED" and child_copy.info.status == "FAILED"
+    assert copy.info.end_time == source.get_run(parent_id).info.end_time
+    assert copy.data.params == {"optimizer.lr": "0.001", "model.name": "swin_micro"}
+    assert copy.data.tags["sweep.role"] == "parent"
+    assert child_copy.data.tags["mlflow.parentRunId"] == copy.info.run_id  # the link follows the replayed parent
+    for key in ("val/top1", "train/loss_scale"):
+        assert len(_history(target, copy.info.run_id, key)) == 3
+        assert str(_history(target, copy.info.run_id, key)) == str(_history(source, parent_id, key))  # NaN too
+    assert [(m.step, m.value) for m in target.get_metric_history(child_copy.info.run_id, "val/top1")] == [(1, 5.0)]
+    assert [a.path for a in target.list_artifacts(copy.info.run_id)] == ["config.yaml"]
+    assert Path(target.download_artifacts(copy.info.run_id, "config.yaml", str(tmp_path / "back"))).read_text() == \
+        "seed: 1\n"
+    assert source.get_run(parent_id).data.tags["swinexp.synced_to"] == copy.info.run_id
+    assert source.get_run(child_id).data.tags["swinexp.synced_to"] == child_copy.info.run_id
+
+    again = _sync(offline, mlflow_server)  # all experiments this time: still nothing twice
+    assert [line.split(":")[0] for line in again] == ["up to date", "up to date"], again
+    assert len(target.search_runs([target.get_experiment_by_name("offline").experiment_id])) == 2
+    assert len(_history(target, copy.info.run_id, "val/top1")) == 3
+    assert [a.path for a in target.list_artifacts(copy.info.run_id)] == ["config.yaml"]
+
+    resumed = MlflowTracker(mlflow_server, "offline")  # a resume of the offline run continues its synced copy
+    assert resumed.start("sweep lr=1,2", {}, run_id=parent_id) == copy.info.run_id
+    assert resumed.logged_steps("val/top1") == {1, 2, 3}
+    resumed.close()
+
+
+def test_server_going_down_mid_run_continues_offline_and_merges_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once instead of MLflow's ~4 min of retries
+    root, port = tmp_path / "server", _free_port()
+    root.mkdir()
+    server, offline = f"http://127.0.0.1:{port}", f"sqlite:///{tmp_path}/mlflow-offline.db"
+    proc = _start_server(root, port)
+    try:
+        tracker = MlflowTracker(server, "midrun", on_unreachable="warn", fallback_uri=offline)
+        run_id = tracker.start("job", {"overrides": "a=1"})
+        tracker.log_params({"seed": 1})
+        tracker.log_metrics({"val/top1": 10.0}, step=1)
+    finally:
+        _stop_server(proc)
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        tracker.log_metrics({"val/top1": 20.0}, step=2)  # the server is gone: this goes offline, nothing is lost
+    assert f"stopped answering during run {run_id}" in caplog.text and offline in caplog.text
+    tracker.log_metrics({"val/top1": 30.0}, step=3)
+    (tmp_path / "summary.txt").write_text("done\n")
+    tracker.log_artifact(tmp_path / "summary.txt")
+    assert tracker.run_id == run_id  # the run keeps its identity: a resume reopens the server run
+    tracker.close("FINISHED")
+
+    source = MlflowClient(offline)
+    (rest,) = source.search_runs([source.get_experiment_by_name("midrun").experiment_id])
+    assert rest.data.tags["swinexp.continues_run"] == run_id and rest.data.params == {"seed": "1"}
+    assert [m.step for m in source.get_metric_history(rest.info.run_id, "val/top1")] == [2, 3]
+
+    proc = _start_server(root, port)  # the server is back, with the run's first part
+    try:
+        lines = _sync(offline, server)
+        assert len(lines) == 1 and lines[0].startswith(f"merged into: midrun/'job' {rest.info.run_id} -> {run_id}")
+        target = MlflowClient(server)
+        assert len(target.search_runs([target.get_experiment_by_name("midrun").experiment_id])) == 1
+        run = target.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.params == {"seed": "1"}
+        assert [(m.step, m.value) for m in target.get_metric_history(run_id, "val/top1")] == [(1, 10.0), (2, 20.0),
+                                                                                               (3, 30.0)]
+        assert [a.path for a in target.list_artifacts(run_id)] == ["summary.txt"]
+        assert [line.split(":")[0] for line in _sync(offline, server)] == ["up to date"]
+    finally:
+        _stop_server(proc)
+
+
+@pytest.mark.slow
+def test_run_py_against_a_dead_server_with_warn_trains_into_the_offline_store(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{_free_port()}"
+    smoke = [o for o in SMOKE if not o.startswith("tracking=")]
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *smoke, f"data.root={tmp_path / 'data'}",
+                          "tracking=mlflow", f"tracking.uri={dead}", "tracking.on_unreachable=warn",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    offline = f"sqlite:///{tmp_path}/mlflow-offline.db"  # the default fallback_uri, in the starting directory
+    assert f"python -m swinexp.tracking sync --from {offline} --to {dead}" in out.stdout + out.stderr
+
+    client = MlflowClient(offline)
+    (run,) = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["model.name"] == "swin_micro"
+    for key in ("train/loss", "val/top1", "val/loss"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "overrides.yaml"}

@@ -1,13 +1,15 @@
 """Dataset builders (`conf/data/*.yaml`): each returns a DataSpec — the file lists plus the loader settings."""
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from swinexp.data.folder import Sample, read_class_index, scan_image_folder
 from swinexp.data.synthetic import SHAPES, generate
-from swinexp.registry import DATASETS, ConfigError
+from swinexp.registry import DATASETS, ConfigError, check_kwargs
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,34 @@ def _check_loader_args(batch_size: int, num_workers: int, img_size: int, crop_pc
         raise ConfigError(f"data.img_size={img_size} must be >= 1")
     if not 0 < crop_pct <= 1:
         raise ConfigError(f"data.crop_pct={crop_pct} must be in (0, 1]; timm's default is 0.875")
+
+
+def check_data_args(node: Mapping[str, Any]) -> None:
+    """The data checks that read no file, for build_experiment to run before the model is built.
+
+    Checks the keys against the builder, the loader numbers, and that a root the dataset reads exists. A dataset
+    whose `root` has a default (synthetic) generates its files and needs no existing root.
+
+    Args:
+        node: The `data` config without `augment`: `{name: ..., **builder kwargs}`.
+    """
+    if "name" not in node:
+        return  # DATASETS.build names what is missing
+    name = node["name"]
+    builder = DATASETS.get(name)
+    kwargs = {k: v for k, v in node.items() if k != "name"}
+    check_kwargs(builder, kwargs, where=f"data '{name}'", path="data")
+    signature = inspect.signature(builder)
+    args = signature.bind(**kwargs)
+    args.apply_defaults()
+    values = args.arguments
+    _check_loader_args(values["batch_size"], values["num_workers"], values["img_size"], values["crop_pct"])
+    root = signature.parameters.get("root")
+    if root is not None and root.default is inspect.Parameter.empty and not Path(values["root"]).is_dir():
+        raise ConfigError(
+            f"data.root='{values['root']}' does not exist (resolved: {Path(values['root']).resolve()}); data={name} "
+            "reads its images from there: point data.root at the dataset's folder, or use data=synthetic"
+        )
 
 
 def default_cache_dir() -> Path:

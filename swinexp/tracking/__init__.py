@@ -1,0 +1,353 @@
+"""Experiment trackers (`conf/tracking`): a small protocol the training loop talks to, and its MLflow store.
+
+The loop never imports mlflow; runs are driven through `MlflowClient` with an explicit run id, so no global
+"active run" can leak from one job into the next.
+
+With `on_unreachable: warn`, a tracking server that cannot be reached (at start, or when it stops answering
+mid-run) is replaced by a local offline store, `fallback_uri`; `python -m swinexp.tracking sync` (see
+`swinexp.tracking.sync`) replays that store into the server later.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, TypeVar
+
+from swinexp.registry import TRACKERS, ConfigError
+
+log = logging.getLogger("swinexp")
+
+T = TypeVar("T")
+
+MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
+ON_UNREACHABLE = ("error", "warn")
+OFFLINE_STORE = "sqlite:///mlflow-offline.db"  # fallback_uri null: beside mlflow.db, in the starting directory
+# Tags the offline store and sync use to tie runs together across stores.
+CONTINUES_RUN = "swinexp.continues_run"  # a fallback run holding the rest of this (server) run, after it went down
+SYNCED_TO = "swinexp.synced_to"          # set on a fallback run once replayed: the id of its copy in the target
+SYNCED_FROM = "swinexp.synced_from"      # set on the copy: the id of the fallback run it was replayed from
+
+
+class Tracker(Protocol):
+    run_id: str | None
+
+    def start(self, run_name: str, tags: Mapping[str, str], run_id: str | None = None) -> str | None: ...
+    def logged_steps(self, key: str) -> set[int]: ...
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_artifact(self, path: Path) -> None: ...
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+class NullTracker:
+    """Logs nothing: for quick runs and tests that do not look at a store."""
+
+    run_id: str | None = None
+
+    def start(self, run_name: str, tags: Mapping[str, str], run_id: str | None = None) -> str | None:
+        return None
+
+    def logged_steps(self, key: str) -> set[int]:
+        return set()
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_artifact(self, path: Path) -> None:
+        pass
+
+    def close(self, status: str = "FINISHED") -> None:
+        pass
+
+
+def resolve_uri(uri: str | None, cwd: Path) -> str:
+    """Absolute tracking URI: None -> `sqlite:///<cwd>/mlflow.db` (MLflow 3's default); relative paths -> absolute.
+
+    Resolving once matters: a relative URI re-read from another working directory scatters runs across stores.
+    """
+    if uri is None or uri == "":
+        return f"sqlite:///{(cwd / 'mlflow.db').resolve()}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{(cwd / uri[len('sqlite:///'):]).resolve()}"
+    if "://" not in uri:  # a plain folder: MLflow's file store
+        return (cwd / uri).resolve().as_uri()
+    return uri
+
+
+def local_artifact_root(uri: str) -> str | None:
+    """Keep a local store's artifacts next to it, whatever the working directory of the job."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlruns").as_uri()
+    return None
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds on an unreachable server, instead of after MLflow's minutes of retries."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
+    except (urllib.error.URLError, OSError) as err:
+        raise ConfigError(
+            f"cannot reach the MLflow tracking server tracking.uri='{uri}' ({err}); start it "
+            f"(mlflow server --host 127.0.0.1 --port ...), fix the URI, run with tracking=none, or set "
+            "tracking.on_unreachable=warn to log to a local offline store and sync it later"
+        ) from err
+
+
+def is_reachable(uri: str) -> bool:
+    """False only for a server that does not answer its health check; local stores count as reachable."""
+    try:
+        check_reachable(uri)
+    except ConfigError:
+        return False
+    return True
+
+
+def open_experiment(client: Any, name: str, uri: str) -> str:
+    """The id of experiment `name` in the store of `client`, created (artifacts beside a local store) if missing."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=local_artifact_root(uri))
+    except MlflowException:  # created meanwhile by another job
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def sync_command(fallback_uri: str, uri: str, experiment: str) -> str:
+    """The command that replays the offline store into the server."""
+    return f"python -m swinexp.tracking sync --from {fallback_uri} --to {uri} --experiment {experiment}"
+
+
+class MlflowTracker:
+    """One MLflow run per job, addressed by run id; optionally falling back to an offline store.
+
+    `run_id` is the run's identity, the id a resume passes back to `start`. After a mid-run switch to the
+    offline store it stays the server run's id while values go to a continuation run in the offline store,
+    tagged `swinexp.continues_run=<run_id>`, which `sync` merges back into that run.
+
+    Args:
+        uri: Absolute tracking URI (see resolve_uri).
+        experiment: Experiment name, created if missing.
+        on_unreachable: "error": an unreachable server raises ConfigError. "warn": log a warning and use
+            `fallback_uri` instead, at start or when the server stops answering mid-run.
+        fallback_uri: Absolute URI of the offline store; None means `sqlite:///<cwd>/mlflow-offline.db`.
+    """
+
+    def __init__(self, uri: str, experiment: str, on_unreachable: str = "error",
+                 fallback_uri: str | None = None) -> None:
+        if on_unreachable not in ON_UNREACHABLE:
+            raise ConfigError(f"tracking.on_unreachable='{on_unreachable}' is not valid; choose one of: "
+                              f"{', '.join(ON_UNREACHABLE)} (warn: log to tracking.fallback_uri and sync later)")
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        self.server_uri, self.experiment, self.on_unreachable = uri, experiment, on_unreachable
+        self.fallback_uri = fallback_uri or resolve_uri(OFFLINE_STORE, Path(os.getcwd()))
+        self.offline = False
+        self.run_id: str | None = None
+        self._store_run_id: str | None = None  # where values go now: run_id, or its continuation offline
+        self._run_name, self._tags, self._params = "", {}, {}  # copied into a continuation run on a switch
+        try:
+            self._open(uri)
+        except ConfigError as err:
+            if on_unreachable == "error":
+                raise
+            self._fall_back(err.__cause__ or err)  # the connection error itself, not the advice around it
+
+    def _open(self, uri: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        check_reachable(uri)
+        self.uri, self.client = uri, MlflowClient(tracking_uri=uri)
+        try:
+            self.experiment_id = open_experiment(self.client, self.experiment, uri)
+        except Exception as err:  # noqa: BLE001 - any connection/store failure gets the same advice
+            raise ConfigError(
+                f"cannot reach the MLflow tracking store tracking.uri='{uri}' ({type(err).__name__}: {err}); "
+                "start the server, fix the URI, or run with tracking=none"
+            ) from err
+
+    def _fall_back(self, reason: Exception) -> None:
+        """Switch to the offline store; a run already open continues there as a continuation run."""
+        command = sync_command(self.fallback_uri, self.server_uri, self.experiment)
+        if self._store_run_id is None:
+            log.warning("tracking.uri='%s' is unreachable (%s). tracking.on_unreachable=warn: this run is logged to "
+                        "the offline store %s instead. When the server is back, replay it with: %s",
+                        self.server_uri, reason, self.fallback_uri, command)
+        else:
+            log.warning("the tracking server tracking.uri='%s' stopped answering during run %s (%s). "
+                        "tracking.on_unreachable=warn: the rest of the run goes to the offline store %s, tagged "
+                        "%s=%s. When the server is back, merge it into the run with: %s", self.server_uri,
+                        self.run_id, reason, self.fallback_uri, CONTINUES_RUN, self.run_id, command)
+        try:
+            self._open(self.fallback_uri)
+        except ConfigError as err:
+            raise ConfigError(f"the offline store tracking.fallback_uri='{self.fallback_uri}' cannot be opened "
+                              f"either ({err}); point tracking.fallback_uri at a writable sqlite:/// path") from err
+        self.offline = True
+        if self._store_run_id is not None:
+            self._store_run_id = self._continuation(self.run_id)
+            self.log_params(self._params)
+
+    def _continuation(self, run_id: str) -> str:
+        """A run in the offline store for the rest of server run `run_id`; sync merges it into that run."""
+        run = self.client.create_run(self.experiment_id, run_name=self._run_name,
+                                     tags={**self._tags, CONTINUES_RUN: run_id})
+        return run.info.run_id
+
+    def _call(self, store_call: Callable[[], T]) -> T:
+        """Run a store call; with on_unreachable=warn a server that stopped answering is replaced by the fallback.
+
+        A failure while the server still answers its health check is a real error and propagates.
+        """
+        try:
+            return store_call()
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 - MLflow wraps connection failures in several exception types
+            if self.on_unreachable == "error" or self.offline or is_reachable(self.server_uri):
+                raise
+            self._fall_back(err)
+            return store_call()
+
+    def start(self, run_name: str, tags: Mapping[str, str], run_id: str | None = None) -> str | None:
+        """Create a run, or reopen run `run_id` (status back to RUNNING, same id) to continue logging into it.
+
+        Raises:
+            ConfigError: `run_id` is not in the store (with what to do about it).
+        """
+        self._run_name, self._tags = run_name, dict(tags)
+        if run_id is None:
+            self.run_id = self._store_run_id = self._call(
+                lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=self._tags).info.run_id)
+        else:
+            self.run_id = run_id
+            self._store_run_id = self._call(lambda: self._reopen(run_id))
+        return self.run_id
+
+    def _reopen(self, run_id: str) -> str:
+        from mlflow.entities import RunStatus, RunTag
+
+        if self._find_run(self.client, run_id) is None:
+            if self.offline and self.on_unreachable == "warn":
+                return self._continuation(run_id)  # the run lives on the server we cannot reach
+            self.run_id = run_id = self._synced_copy(run_id)
+        self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in self._tags.items()])
+        return run_id
+
+    @staticmethod
+    def _find_run(client: Any, run_id: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return client.get_run(run_id)
+        except MlflowException as err:
+            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+
+    def _synced_copy(self, run_id: str) -> str:
+        """The id, in this store, of offline run `run_id` once synced here; ConfigError if there is none."""
+        from mlflow.tracking import MlflowClient
+
+        offline = None
+        if self.fallback_uri != self.uri and _store_exists(self.fallback_uri):
+            offline = self._find_run(MlflowClient(tracking_uri=self.fallback_uri), run_id)
+        if offline is not None and SYNCED_TO in offline.data.tags:
+            log.info("run %s was logged offline and synced; continuing its copy %s", run_id,
+                     offline.data.tags[SYNCED_TO])
+            return offline.data.tags[SYNCED_TO]
+        if offline is not None:
+            raise ConfigError(
+                f"run {run_id} is in the offline store {self.fallback_uri}, not yet in tracking.uri='{self.uri}'; "
+                f"replay it first with `{sync_command(self.fallback_uri, self.uri, self.experiment)}`, then resume "
+                "again (the run continues in its synced copy)"
+            )
+        raise ConfigError(
+            f"cannot reopen run {run_id}: it does not exist in tracking.uri='{self.uri}'; resume with the "
+            "tracking.uri (and tracking.fallback_uri) the run was logged to, or start a new run"
+        )
+
+    def logged_steps(self, key: str) -> set[int]:
+        """The steps at which metric `key` already has a value in the current run (in the store in use)."""
+        if self._store_run_id is None:
+            return set()
+        return self._call(lambda: {m.step for m in self.client.get_metric_history(self._store_run_id, key)})
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        self._params.update(params)
+        items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
+            batch = items[i:i + 100]
+            self._call(lambda batch=batch: self.client.log_batch(self._store_run_id, params=batch))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self._call(lambda: self.client.log_batch(self._store_run_id, metrics=batch))
+
+    def log_artifact(self, path: Path) -> None:
+        self._call(lambda: self.client.log_artifact(self._store_run_id, str(path)))
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self._store_run_id is not None:
+            self._call(lambda: self.client.set_terminated(self._store_run_id, status))
+            if self.offline:
+                log.warning("run %s was logged to the offline store %s; replay it into the server with: %s",
+                            self.run_id, self.fallback_uri,
+                            sync_command(self.fallback_uri, self.server_uri, self.experiment))
+        self.run_id = self._store_run_id = None
+
+
+def _store_exists(uri: str) -> bool:
+    """Whether a store is there to look into; opening a missing sqlite file would create it."""
+    return not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).is_file()
+
+
+@TRACKERS.register("mlflow")
+def mlflow(uri: str | None = None, experiment: str = "swinexp", on_unreachable: str = "error",
+           fallback_uri: str | None = None) -> Tracker:
+    """MLflow tracking; `uri` None means `sqlite:///mlflow.db` in the directory the command was started from.
+
+    Args:
+        uri: Tracking URI: a server (http://host:port), sqlite:///path.db, or a folder.
+        experiment: Experiment name.
+        on_unreachable: "error" (fail in seconds) or "warn" (log to `fallback_uri`, replay later with sync).
+        fallback_uri: Offline store for on_unreachable=warn; None means `sqlite:///mlflow-offline.db` in the
+            directory the command was started from.
+    """
+    cwd = Path(os.getcwd())
+    return MlflowTracker(resolve_uri(uri, cwd), experiment, on_unreachable,
+                         resolve_uri(fallback_uri or OFFLINE_STORE, cwd))
+
+
+@TRACKERS.register("none")
+def none() -> Tracker:
+    """No tracking."""
+    return NullTracker()
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}, 'c': [1, 2]} -> {'a.b': 1, 'c': [1, 2]}: the dotted keys Hydra overrides use."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
