@@ -1,8 +1,14 @@
-"""Checkpoints: model weights, optimizer state and progress, written atomically (temp file + rename)."""
+"""Checkpoint files: model weights, optimizer state, extra state and progress values, written atomically.
+
+`save`/`load` handle one file; `Checkpointer` keeps a run's series of them (the last K, `last.ckpt`, `best.ckpt`) and
+finds the newest one that reads back intact.
+"""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -12,6 +18,12 @@ from mindspore import Parameter, Tensor, nn
 from swinexp.models.convert import fuse_qkv, match_qkv
 
 META_PREFIX = "meta."  # progress values (epoch, run id) stored beside the tensors
+
+log = logging.getLogger("swinexp")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read back (truncated, corrupted) or does not fit the model."""
 
 
 def state_of(model: nn.Cell, optimizer: nn.Optimizer | None = None) -> list[dict[str, Any]]:
@@ -34,38 +46,111 @@ def weights_digest(model: nn.Cell) -> str:
 
 
 def save(path: Path, model: nn.Cell, optimizer: nn.Optimizer | None = None,
-         meta: Mapping[str, int | float | str] | None = None) -> Path:
+         meta: Mapping[str, int | float | str] | None = None, extra: Mapping[str, Parameter] | None = None) -> Path:
     """Write `path` atomically (a crash mid-write leaves the previous file intact), under the official names:
-    split q/k/v (and their optimizer moments) are stored as the fused `qkv`, so any variant can load it."""
+    split q/k/v (and their optimizer moments) are stored as the fused `qkv`, so any variant can load it.
+
+    Args:
+        extra: More state under names of its own (loss scale, EMA weights), restored by `load(..., extra=)`.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.ckpt")  # MindSpore appends .ckpt to other names
-    arrays = fuse_qkv({e["name"]: e["data"].asnumpy() for e in state_of(model, optimizer)})
+    arrays = fuse_qkv({**{e["name"]: e["data"].asnumpy() for e in state_of(model, optimizer)},
+                       **{k: p.asnumpy() for k, p in (extra or {}).items()}})
     meta = {f"{META_PREFIX}{k}": v for k, v in (meta or {}).items()}
-    ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in arrays.items()], str(tmp), append_dict=meta)
+    ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in arrays.items()], str(tmp), append_dict=meta,
+                       crc_check=True)
+    with open(tmp, "rb") as f:  # on disk before the rename makes it visible
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
 
 
-def load(path: Path, model: nn.Cell, optimizer: nn.Optimizer | None = None) -> dict[str, Any]:
-    """Load weights (and optimizer state) from `path` into any qkv variant; return the saved meta values.
+def read(path: Path) -> dict[str, Any]:
+    """All tensors and meta values of a checkpoint file, its CRC checked.
 
     Raises:
-        ValueError: the file lacks parameters the model has, naming a few of them.
+        CheckpointError: the file is missing, truncated or corrupted.
     """
-    values = ms.load_checkpoint(str(path))
-    meta = {k[len(META_PREFIX):]: v if isinstance(v, str) else v.asnumpy().item() for k, v in values.items()
+    try:
+        return ms.load_checkpoint(str(path), crc_check=True)
+    except (ValueError, RuntimeError, OSError) as err:
+        raise CheckpointError(f"checkpoint '{path}' cannot be read ({err})") from err
+
+
+def read_meta(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k[len(META_PREFIX):]: v if isinstance(v, str) else v.asnumpy().item() for k, v in values.items()
             if k.startswith(META_PREFIX)}
-    targets = [e["name"] for e in state_of(model, optimizer)]
+
+
+def load(path: Path | Mapping[str, Any], model: nn.Cell, optimizer: nn.Optimizer | None = None,
+         extra: Mapping[str, Parameter] | None = None) -> dict[str, Any]:
+    """Load weights (optimizer state, extra state) from `path` into any qkv variant; return the saved meta values.
+
+    Args:
+        path: a checkpoint file, or what `read` returned for one.
+
+    Raises:
+        CheckpointError: the file cannot be read, or lacks parameters the model (or `extra`) has, naming a few.
+    """
+    values = read(path) if isinstance(path, (str, Path)) else path
+    meta = read_meta(values)
+    targets = [e["name"] for e in state_of(model, optimizer)] + list(extra or {})
     arrays = match_qkv({k: v.asnumpy() for k, v in values.items() if not k.startswith(META_PREFIX)}, targets)
     wanted = {p.name for p in model.get_parameters()}
     missing = sorted(wanted - arrays.keys())
     if missing:
-        raise ValueError(f"checkpoint '{path}' lacks {len(missing)} model parameters, e.g. {missing[:5]}; "
-                         "was it written for another model config?")
+        raise CheckpointError(f"checkpoint lacks {len(missing)} model parameters, e.g. {missing[:5]}; "
+                              "was it written for another model config?")
     as_params = {k: Parameter(Tensor(v), name=k) for k, v in arrays.items()}
     ms.load_param_into_net(model, {k: v for k, v in as_params.items() if k in wanted}, strict_load=True)
     if optimizer is not None:
         names = set(targets) - wanted
         ms.load_param_into_net(optimizer, {k: v for k, v in as_params.items() if k in names}, strict_load=True)
+    for name, param in (extra or {}).items():
+        if name not in arrays:
+            raise CheckpointError(f"checkpoint lacks '{name}' (the run that wrote it had other trainer settings, "
+                                  "e.g. no trainer.ema.decay); resume with the same trainer config")
+        param.set_data(Tensor(arrays[name]).astype(param.dtype))
     return meta
+
+
+class Checkpointer:
+    """A run's checkpoints in one folder: `step-<optimizer step>.ckpt` files (the newest `keep_last` kept), and
+    `last.ckpt` / `best.ckpt` as hard links to the newest and to the best by the monitored metric."""
+
+    def __init__(self, directory: Path, keep_last: int) -> None:
+        self.directory, self.keep_last = Path(directory), keep_last
+
+    def save(self, step: int, model: nn.Cell, optimizer: nn.Optimizer, meta: Mapping[str, int | float | str],
+             extra: Mapping[str, Parameter], best: bool = False) -> Path:
+        path = save(self.directory / f"step-{step:08d}.ckpt", model, optimizer, meta, extra)
+        self._link(path, "last.ckpt")
+        if best:
+            self._link(path, "best.ckpt")
+        for old in self.series()[self.keep_last:]:
+            old.unlink()
+        return path
+
+    def _link(self, target: Path, name: str) -> None:
+        tmp = self.directory / f".{name}.tmp-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(target, tmp)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(target, tmp)
+        os.replace(tmp, self.directory / name)  # atomic: `name` is always a whole file
+
+    def series(self) -> list[Path]:
+        """The step files, newest first."""
+        return sorted(self.directory.glob("step-*.ckpt"), reverse=True)
+
+    def latest_valid(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest step file that reads back intact and its contents; a damaged one is skipped with a warning."""
+        for path in self.series():
+            try:
+                return path, read(path)
+            except CheckpointError as err:
+                log.warning("%s; falling back to the previous checkpoint", err)
+        return None

@@ -22,6 +22,19 @@ class EmaCfg:
 
 
 @dataclass
+class CheckpointCfg:
+    every_n_steps: Optional[int] = None         # also checkpoint every N optimizer steps mid-epoch; null = per epoch
+    keep_last: int = 3                          # step files kept (older ones deleted); best.ckpt is kept apart
+
+
+@dataclass
+class ProfileCfg:
+    enabled: bool = False                       # wrap optimizer steps in mindspore.Profiler; output in <run dir>
+    start_step: int = 3                         # first profiled optimizer step (1-based; after compile/warm-up)
+    num_steps: int = 2
+
+
+@dataclass
 class TrainerCfg:
     epochs: int = 10                            # full passes over the train set; metrics are logged per epoch
     accumulation_steps: int = 1                 # micro-batches per optimizer step (gradients averaged over them)
@@ -35,6 +48,10 @@ class TrainerCfg:
     progress_bar: bool = True                   # tqdm bar per epoch (loss, lr, images/s)
     eval_only: bool = False                     # only evaluate (e.g. model.pretrained=...), logged at step 0
     amp_report: bool = True                     # log the per-cell dtype table and fp32 drift report as artifacts
+    resume: Optional[str] = "auto"              # auto: from <run dir>/checkpoints if any | PATH (file or run dir) | null
+    checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
+    max_nonfinite: int = 3                      # consecutive non-finite losses that stop the run (checkpointed)
+    profile: ProfileCfg = field(default_factory=ProfileCfg)
 
 
 @dataclass

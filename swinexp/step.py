@@ -169,6 +169,12 @@ class TrainStep:
         loss, norm, overflow, scale = self._last(images, targets)
         return StepOutput(float(loss), True, float(norm), bool(overflow), float(scale))
 
+    def state(self) -> dict[str, Parameter]:
+        """What a checkpoint must hold beside model and optimizer to resume exactly: the loss scaler's scale and
+        counter, and the EMA weights. (The accumulation buffer is empty at every optimizer-step boundary.)"""
+        scaler = {f"loss_scale.{k}": v for k, v in vars(self.scaler).items() if isinstance(v, Parameter)}
+        return {**scaler, **({p.name: p for p in self.ema} if self.ema is not None else {})}
+
     def swap_ema(self) -> None:
         """Exchange the model weights and the EMA weights (call twice to restore); evaluation uses it."""
         if self.ema is None:

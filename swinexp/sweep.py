@@ -1,11 +1,12 @@
 """Hydra multirun -> MLflow: one parent run per sweep, one child run per job named by what the sweep varies.
 
 `SweepCallback` is registered in `conf/config.yaml` under `hydra.callbacks`; Hydra calls it around the sweep and
-each job. It hands the parent run id to the jobs through the environment, because a launcher may run jobs in
-other processes.
+each job. It hands the parent run id to the jobs through the environment, because the default launcher
+(`hydra/launcher=isolated`) runs every job in a process of its own.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from dataclasses import dataclass, field
@@ -17,12 +18,14 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp.tracking import MlflowTracker, resolve_uri
+from swinexp import tracking
+from swinexp.tracking import MlflowTracker
 
 log = logging.getLogger("swinexp")
 
 PARENT_RUN_ENV = "SWINEXP_SWEEP_PARENT_RUN_ID"
 SWEEP_KEYS_ENV = "SWINEXP_SWEEP_KEYS"
+JOB_NUM_ENV = "SWINEXP_SWEEP_JOB_NUM"  # set by the isolated launcher for the job process it starts
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,17 @@ def sweep_overrides(config: DictConfig) -> list[str]:
     return [o for o, parsed in zip(given, parser.parse_overrides(given)) if parsed.is_sweep_override()]
 
 
-def sweep_from_env(job_num: int) -> SweepInfo | None:
-    """The SweepInfo of the current job, or None outside a tracked sweep."""
+def sweep_from_env(job_num: int | None = None) -> SweepInfo | None:
+    """The SweepInfo of the current job, or None outside a tracked sweep.
+
+    Args:
+        job_num: Hydra's job number when the job runs inside the sweep's process; None in a job process started by
+            the isolated launcher, which passes the number in the environment.
+    """
     parent = os.environ.get(PARENT_RUN_ENV)
-    if not parent:
+    if job_num is None:
+        job_num = int(os.environ[JOB_NUM_ENV]) if os.environ.get(JOB_NUM_ENV) else None
+    if not parent or job_num is None:
         return None
     return SweepInfo(parent, tuple(k for k in os.environ.get(SWEEP_KEYS_ENV, "").split(",") if k), job_num)
 
@@ -73,6 +83,7 @@ class SweepCallback(Callback):
 
     failed: list[str] = field(default_factory=list)
     tracker: MlflowTracker | None = None
+    job_running: int | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.tracking.get("name") != "mlflow":
@@ -80,8 +91,8 @@ class SweepCallback(Callback):
         sweeps = sweep_overrides(config)
         keys = tuple(dict.fromkeys(override_key(o) for o in sweeps))
         # Creating the experiment here, once, avoids jobs racing to create it.
-        self.tracker = MlflowTracker(resolve_uri(config.tracking.uri, Path(os.getcwd())),
-                                     config.tracking.experiment)
+        self.tracker = tracking.mlflow(**{k: v for k, v in OmegaConf.to_container(config.tracking, resolve=True).items()
+                                          if k != "name"})
         parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
             "sweep.role": "parent", "sweep.keys": ",".join(keys), "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
             "overrides": " ".join(config.hydra.overrides.task)})
@@ -91,12 +102,29 @@ class SweepCallback(Callback):
         os.environ[PARENT_RUN_ENV] = parent or ""
         os.environ[SWEEP_KEYS_ENV] = ",".join(keys)
         os.environ.pop("MLFLOW_RUN_ID", None)  # it would override the parent link of every child
+        atexit.register(self._abandon)  # a sweep stopped by Ctrl-C or an error must not stay RUNNING
+
+    def _abandon(self) -> None:
+        """At exit without on_multirun_end: failed jobs (Hydra raises after the last one) or an interrupted sweep."""
+        if self.tracker is None:
+            return
+        if self.job_running is not None:
+            self.failed.append(f"#{self.job_running}: stopped while running (the sweep was interrupted)")
+            self.tracker.client.set_tag(self.tracker.run_id, "sweep.failed_jobs", "\n".join(self.failed)[:5000])
+            self.tracker.close("KILLED")
+            self.tracker = None
+        else:
+            if not self.failed:
+                self.failed.append("the sweep stopped between jobs, before its end")
+            self._finish()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.tracker is not None:
+        if self.tracker is not None:  # Hydra calls this in single runs too, where hydra.job.num is unset
+            self.job_running = int(config.hydra.job.num)
             self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        self.job_running = None
         if job_return.status is JobStatus.FAILED:
             error = job_return._return_value  # the exception; reading .return_value would re-raise it
             self.failed.append(f"#{config.hydra.job.num} {' '.join(job_return.overrides or [])}: "
@@ -112,6 +140,8 @@ class SweepCallback(Callback):
         self._finish()
 
     def _finish(self) -> None:
+        if self.failed:
+            log.error("%d sweep job(s) failed:\n  %s", len(self.failed), "\n  ".join(self.failed))
         if self.tracker is not None:
             self.tracker.close("FAILED" if self.failed else "FINISHED")
             self.tracker = None

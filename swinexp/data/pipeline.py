@@ -1,6 +1,7 @@
 """Batches from a DataSpec: decode -> transform -> batch, in MindSpore dataset workers, one epoch at a time."""
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ class EpochSampler:
         self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
         self.num_shards, self.shard_id = num_shards, shard_id
         self.epoch = 0
+        self.start = 0  # samples of the epoch's order to skip (a resumed epoch starts mid-way)
 
     def indices(self) -> np.ndarray:
         order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
@@ -41,9 +43,13 @@ class EpochSampler:
         return shard[:self.num_samples // self.num_shards] if self.shuffle else shard
 
     def __iter__(self) -> Iterator[int]:
-        return iter((self.epoch * self.num_samples + self.indices()).tolist())
+        return iter((self.epoch * self.num_samples + self.indices()[self.start:]).tolist())
 
     def __len__(self) -> int:
+        return self.epoch_length() - self.start
+
+    def epoch_length(self) -> int:
+        """Samples in a whole epoch of this shard."""
         if self.shuffle:
             return self.num_samples // self.num_shards
         return len(range(self.shard_id, self.num_samples, self.num_shards))
@@ -111,31 +117,43 @@ class Loader:
                 f"the train split has {len(self.sampler)} samples, fewer than one batch of data.batch_size={batch_size}; "
                 "lower data.batch_size or add data"
             )
-        source = DecodeTransform(samples, transform, seed)
+        self._source = DecodeTransform(samples, transform, seed)
+        self._targets, self._seed, self._workers = targets, seed, num_workers
+        self._multiprocessing = python_multiprocessing and num_workers > 1
+        self.dataset = self._pipeline(self.sampler)
+
+    def _pipeline(self, sampler: EpochSampler) -> msds.Dataset:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dataset = msds.GeneratorDataset(source, ["image", "label", "index", "skipped"], sampler=self.sampler,
-                                            num_parallel_workers=num_workers,
-                                            python_multiprocessing=python_multiprocessing and num_workers > 1)
-        if train:
-            self.dataset = dataset.batch(batch_size, drop_remainder=True, per_batch_map=BatchTargets(targets, seed),
-                                         input_columns=["image", "label", "index", "skipped"],
-                                         output_columns=["image", "target", "skipped"])
-        else:
-            self.dataset = dataset.project(["image", "label", "skipped"]).batch(batch_size, drop_remainder=False)
+            dataset = msds.GeneratorDataset(self._source, ["image", "label", "index", "skipped"], sampler=sampler,
+                                            num_parallel_workers=self._workers,
+                                            python_multiprocessing=self._multiprocessing)
+        if self._targets is not None:
+            return dataset.batch(self.batch_size, drop_remainder=True,
+                                 per_batch_map=BatchTargets(self._targets, self._seed),
+                                 input_columns=["image", "label", "index", "skipped"],
+                                 output_columns=["image", "target", "skipped"])
+        return dataset.project(["image", "label", "skipped"]).batch(self.batch_size, drop_remainder=False)
 
     def __len__(self) -> int:
-        full, rest = divmod(len(self.sampler), self.batch_size)
+        full, rest = divmod(self.sampler.epoch_length(), self.batch_size)
         return full + (1 if rest and not self.drop_remainder else 0)
 
-    def epoch(self, epoch: int) -> Iterator[tuple]:
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple]:
         """Batches of epoch `epoch` (0-based): images (B, 3, H, W) float32 and targets or labels.
 
-        While it runs, `skipped_files` counts the unreadable files replaced in the batches yielded so far.
+        `start_batch` skips that many batches without reading them; the rest are exactly the batches an uninterrupted
+        epoch yields (order and augmentation are drawn from (seed, epoch, sample index)). While it runs,
+        `skipped_files` counts the unreadable files replaced in the batches yielded so far.
         """
         self.sampler.epoch = epoch
         self.skipped_files = 0
-        iterator = self.dataset.create_tuple_iterator(num_epochs=1)
+        dataset = self.dataset
+        if start_batch:  # MindSpore fixes a pipeline's length when it is built: a shorter epoch needs its own
+            rest = copy.copy(self.sampler)
+            rest.start = start_batch * self.batch_size
+            dataset = self._pipeline(rest)
+        iterator = dataset.create_tuple_iterator(num_epochs=1)
         try:
             for images, targets, skipped in iterator:
                 self.skipped_files += int(skipped.asnumpy().sum())

@@ -1,0 +1,107 @@
+"""The checkpoint series (keep last K, last/best links, damaged-file fallback), resume lookup, non-finite stops."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Callable, Iterator
+
+import mindspore as ms
+import numpy as np
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from swinexp import checkpoint, hardware
+from swinexp.build import build_experiment, node
+from swinexp.optim import adamw
+from swinexp.registry import MODELS, ConfigError
+from swinexp.resume import Progress, check_compatible, locate
+from swinexp.train import NonFiniteLoss, fit
+
+
+@pytest.fixture
+def model(compose: Callable[..., DictConfig]) -> ms.nn.Cell:
+    return MODELS.build(node(compose("model.depths=[1,1]"), "model"))
+
+
+def _save_series(directory: Path, model: ms.nn.Cell, steps: list[int], keep_last: int = 5) -> checkpoint.Checkpointer:
+    saver, optimizer = checkpoint.Checkpointer(directory, keep_last), adamw(model, lr=1e-3)
+    for step in steps:
+        progress = Progress(epoch=step)  # a recognisable value per file
+        saver.save(step, model, optimizer, {"progress": progress.to_json()}, {}, best=step == steps[0])
+    return saver
+
+
+def test_keeps_the_last_k_and_links_last_and_best(model: ms.nn.Cell, tmp_path: Path) -> None:
+    saver = _save_series(tmp_path, model, [1, 2, 3, 4], keep_last=2)
+    assert [p.name for p in saver.series()] == ["step-00000004.ckpt", "step-00000003.ckpt"]
+    assert (tmp_path / "last.ckpt").samefile(tmp_path / "step-00000004.ckpt")
+    best = checkpoint.read_meta(checkpoint.read(tmp_path / "best.ckpt"))  # step 1's file is gone, its link stays
+    assert Progress.from_json(best["progress"]).epoch == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(damage: str, model: ms.nn.Cell, tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    saver = _save_series(tmp_path / "checkpoints", model, [1, 2])
+    newest = saver.series()[0]
+    data = bytearray(newest.read_bytes())
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    else:
+        data[len(data) // 2] ^= 0xFF  # one flipped byte inside a tensor: only the CRC notices
+        newest.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match="cannot be read"):
+        checkpoint.read(newest)
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        point = locate("auto", tmp_path)
+    assert point is not None and point.path.name == "step-00000001.ckpt" and point.progress.epoch == 1
+    assert "falling back to the previous checkpoint" in caplog.text
+
+
+def test_locate_starts_fresh_or_names_a_bad_path(model: ms.nn.Cell, tmp_path: Path) -> None:
+    assert locate("auto", tmp_path / "new_run") is None
+    assert locate(None, tmp_path) is None
+    with pytest.raises(ConfigError, match="trainer.resume='.*missing' holds no readable checkpoint"):
+        locate(str(tmp_path / "missing"), tmp_path)
+    weights_only = checkpoint.save(tmp_path / "export.ckpt", model)
+    with pytest.raises(ConfigError, match="no progress record .* model.pretrained="):
+        locate(str(weights_only), tmp_path)
+    _save_series(tmp_path / "other" / "checkpoints", model, [7])
+    assert locate(str(tmp_path / "other"), tmp_path).progress.epoch == 7  # a run dir given as the path
+
+
+def test_resume_refuses_another_model_and_warns_on_other_settings(compose: Callable[..., DictConfig],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    saved = OmegaConf.to_container(compose(), resolve=True)
+    with pytest.raises(ConfigError, match=r"another model \(model.embed_dim: 32 -> 48\)"):
+        check_compatible(saved, OmegaConf.to_container(compose("model.embed_dim=48"), resolve=True))
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        check_compatible(saved, OmegaConf.to_container(compose("trainer.epochs=5"), resolve=True))
+    assert "trainer.epochs: 2 -> 5" in caplog.text
+
+
+class _PoisonedLoader:
+    """The real train loader, with NaN images from micro-batch `after` on."""
+
+    def __init__(self, loader, after: int) -> None:
+        self.loader, self.after, self.skipped_files = loader, after, 0
+
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple]:
+        for index, (images, targets) in enumerate(self.loader.epoch(epoch, start_batch), start=start_batch):
+            yield (images * float("nan") if index >= self.after else images), targets
+
+
+def test_non_finite_losses_stop_the_run_with_the_last_good_state(compose: Callable[..., DictConfig],
+                                                                 tmp_path: Path) -> None:
+    cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3")
+    hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
+    exp = build_experiment(cfg)
+    exp = dataclasses.replace(exp, train_loader=_PoisonedLoader(exp.train_loader, after=2))
+    with pytest.raises(NonFiniteLoss, match=r"not finite for 3 micro-batches in a row .* batch 5, optimizer step 2"):
+        fit(exp, tmp_path, jit=True)
+    values = checkpoint.read(tmp_path / "checkpoints" / "last.ckpt")
+    progress = Progress.from_json(checkpoint.read_meta(values)["progress"])
+    assert progress.batches_done == 5 and progress.epoch == 0
+    tensors = [v.asnumpy() for k, v in values.items() if not k.startswith("meta.")]
+    assert all(np.isfinite(t).all() for t in tensors)  # the skipped updates left the weights as they were
