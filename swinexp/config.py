@@ -48,6 +48,7 @@ class TrainerCfg:
     progress_bar: bool = True                   # tqdm bar per epoch (loss, lr, images/s)
     eval_only: bool = False                     # only evaluate (e.g. model.pretrained=...), logged at step 0
     amp_report: bool = True                     # log the per-cell dtype table and fp32 drift report as artifacts
+    deterministic: bool = False                 # bit-repeatable runs: deterministic kernels where the backend has them
     resume: Optional[str] = "auto"              # auto: from <run dir>/checkpoints if any | PATH (file or run dir) | null
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     max_nonfinite: int = 3                      # consecutive non-finite losses that stop the run (checkpointed)
@@ -61,7 +62,6 @@ class HardwareCfg:
     jit_level: Optional[str] = None             # MindSpore graph kernel level O0/O1/O2; null = backend default
     num_devices: int = 1                        # worker processes per node
     num_nodes: int = 1
-    deterministic: bool = False                 # bit-repeatable kernels where the backend offers them
     dataset_sink: bool = False                  # feed batches through a device queue (Ascend/GPU); off on CPU
     master_addr: str = "127.0.0.1"              # msrun scheduler host: node 0's address on a cluster
     master_port: int = 8118                     # msrun scheduler port, the same on every node

@@ -47,15 +47,19 @@ def check_backend(hw: HardwareCfg) -> None:
     )
 
 
-def apply(hw: HardwareCfg, seed: int) -> None:
-    """Set the MindSpore context and seed every random source; call once per process, before building."""
+def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
+    """Set the MindSpore context and seed every random source; call once per process, before building.
+
+    Args:
+        deterministic: trainer.deterministic: also ask the backend for deterministic kernels.
+    """
     validate(hw)
     check_backend(hw)
     ms.set_device(hw.device_target)
     ms.set_context(mode=MODES[hw.mode])
     if hw.jit_level is not None:
         ms.set_context(jit_config={"jit_level": hw.jit_level})
-    if hw.deterministic:
+    if deterministic:
         ms.set_deterministic(True)
     if hw.num_devices * hw.num_nodes > 1:
         init()  # inside an msrun worker: join the collective group (HCCL, NCCL or MindSpore's own on CPU)
@@ -68,7 +72,7 @@ def context_summary(hw: HardwareCfg) -> dict[str, object]:
     """The MindSpore settings `apply` makes, for dry runs and logs."""
     summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
                                   "jit_level": hw.jit_level or "backend default",
-                                  "deterministic": hw.deterministic, "dataset_sink": hw.dataset_sink}
+                                  "dataset_sink": hw.dataset_sink}
     if hw.num_devices * hw.num_nodes > 1:
         summary.update({"communication": {"CPU": "MindSpore collective", "GPU": "NCCL", "Ascend": "HCCL"}[
             hw.device_target], "parallel_mode": "DATA_PARALLEL", "gradients_mean": True,

@@ -286,7 +286,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         if status != 0:
             raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
         return {}
-    hardware.apply(hw, int(cfg.seed))
+    hardware.apply(hw, int(cfg.seed), bool(OmegaConf.select(cfg, "trainer.deterministic")))
     if launch.is_scheduler():  # msrun's scheduler has served the cluster inside init(); nothing else to do
         return {}
     if cfg.get("inspect"):  # +inspect=amp | +inspect=drift: print the precision report and stop

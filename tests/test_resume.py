@@ -23,7 +23,8 @@ EPOCHS = 3
 # 20 optimizer steps per epoch, a checkpoint every 4; no stochastic depth (see README: drop_path and resume)
 TRAIN = [o for o in SMOKE if o != "tracking=none"] + [
     "data.num_train=160", "trainer.limit_train_batches=null", f"trainer.epochs={EPOCHS}",
-    "trainer.checkpoint.every_n_steps=4", "trainer.checkpoint.keep_last=2", "model.drop_path_rate=0.0"]
+    "trainer.checkpoint.every_n_steps=4", "trainer.checkpoint.keep_last=2", "trainer.deterministic=true",
+    "model.drop_path_rate=0.0"]
 SERIES = ("train/loss", "train/grad_norm", "lr", "val/loss", "val/top1", "val/top5")
 
 
