@@ -19,7 +19,7 @@ from tests.conftest import ROOT, SMOKE
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 3
+EPOCHS = 2
 # 20 optimizer steps per epoch, a checkpoint every 4; no stochastic depth (see README: drop_path and resume)
 TRAIN = [o for o in SMOKE if o != "tracking=none"] + [
     "data.num_train=160", "trainer.limit_train_batches=null", f"trainer.epochs={EPOCHS}",

@@ -138,3 +138,25 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(launcher: str, tmp_path: 
     (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
     assert "#0 trainer.epochs=0" in parent.data.tags["sweep.failed_jobs"]
     assert "1 sweep job(s) failed" in out.stderr
+
+
+def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [sys.executable, str(ROOT / "run.py"), "-m", "seed=1,2",
+               *[o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=2"], "trainer.epochs=50",
+               "trainer.checkpoint.every_n_steps=2", "tracking=mlflow", f"tracking.uri={uri}",
+               f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = tmp_path / "multirun" / "0" / "checkpoints" / "step-00000002.ckpt"
+    deadline = time.monotonic() + 600
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    assert {r.info.run_name: r.info.status for r in runs} == {"sweep seed=1,2": "KILLED", "seed=1": "KILLED"}, stderr
+    assert not (tmp_path / "multirun" / "1").exists()  # the sweep stopped: the second job never started
