@@ -113,3 +113,15 @@ def test_eval_only_scores_imported_weights_like_the_run_that_wrote_them(compose:
                  JobInfo(run_dir=tmp_path / "eval"))
     assert scored["val/top1"] == trained["val/top1"] and scored["val/loss"] == pytest.approx(trained["val/loss"])
     assert not (tmp_path / "eval" / "checkpoints").exists()  # nothing was trained
+
+
+def test_profile_switch_writes_and_logs_a_top_ops_summary(compose: Callable[..., DictConfig], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    logged: list[Path] = []
+    monkeypatch.setattr("swinexp.tracking.NullTracker.log_artifact", lambda self, path: logged.append(Path(path)))
+    run(compose("trainer.profile.enabled=true", "trainer.profile.start_step=2", "trainer.profile.num_steps=2",
+                "model.depths=[1,1]"), JobInfo(run_dir=tmp_path))
+    summary = tmp_path / "profile" / "profile_summary.md"
+    assert summary in logged
+    text = summary.read_text()
+    assert "MatMul" in text or "BatchMatMul" in text, text[:2000]  # real op names from the profiled steps
