@@ -1,0 +1,138 @@
+"""`data`: images/s of the input pipeline (the `swin` train recipe and the eval transform) for 1..N workers.
+
+Input: the first `--images` CIFAR-10 train JPEGs from ../shared (drawn shapes when that tar is absent), resized to
+`--img-size` and re-encoded as JPEG (quality 90) into a temporary ImageFolder of 10 class folders. Each timed
+iteration is one full epoch of one pipeline; pipelines take turns (round-robin) and the first epoch of each is
+untimed, so worker start-up is not counted. The in-process rows decode and transform in a plain Python loop without
+MindSpore: the single-core ceiling.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from swinexp.bench.harness import CONF_DIR
+from swinexp.bench.host import describe
+from swinexp.bench.options import Options
+from swinexp.bench.table import BenchResult, Table
+from swinexp.bench.timing import round_robin
+from swinexp.data.augment import swin
+from swinexp.data.datasets import DataSpec, imagefolder
+from swinexp.data.decode import load_rgb
+from swinexp.data.pipeline import Loader
+from swinexp.data.synthetic import SHAPES, draw_image
+from swinexp.data.transforms import EvalTransform, Transform
+
+__all__ = ["CIFAR_TRAIN", "run", "source_images"]
+
+CIFAR_TRAIN = CONF_DIR.parents[1] / "shared" / "datasets" / "cifar10" / "train.tar"
+CLASSES = 10  # images go to class folders round-robin: labels do not matter for throughput
+
+
+def source_images(count: int, size: int) -> Iterator[Image.Image]:
+    """`count` RGB images of side `size`: CIFAR-10 train JPEGs upscaled (bicubic), or drawn shapes without the tar."""
+    if CIFAR_TRAIN.is_file():
+        with tarfile.open(CIFAR_TRAIN) as tar:
+            members = (m for m in tar if m.isfile() and m.name.endswith(".jpg"))
+            for member in itertools.islice(members, count):
+                img = Image.open(io.BytesIO(tar.extractfile(member).read())).convert("RGB")
+                yield img.resize((size, size), Image.Resampling.BICUBIC)
+        return
+    names = list(SHAPES)
+    for i in range(count):
+        yield draw_image(np.random.default_rng(i), names[i % len(names)], size)
+
+
+def write_folder(root: Path, count: int, size: int) -> None:
+    """The same images as train/ and val/ of an ImageFolder with CLASSES class folders."""
+    for i, img in enumerate(source_images(count, size)):
+        for split in ("train", "val"):
+            folder = root / split / f"c{i % CLASSES}"
+            folder.mkdir(parents=True, exist_ok=True)
+            img.save(folder / f"{i:05d}.jpg", quality=90)
+
+
+def _in_process(samples: tuple, transform: Transform) -> Callable[[], None]:
+    epoch = itertools.count()
+
+    def call() -> None:
+        e = next(epoch)
+        for i, (path, _) in enumerate(samples):
+            transform(load_rgb(path), np.random.default_rng([0, e, i]))
+
+    return call
+
+
+def _pipeline(loader: Loader) -> Callable[[], None]:
+    epoch = itertools.count()
+
+    def call() -> None:
+        for _ in loader.epoch(next(epoch)):
+            pass
+
+    return call
+
+
+Candidate = tuple[Callable[[], Callable[[], None]], int, tuple[str, ...]]
+
+
+def candidates(spec: DataSpec, max_workers: int) -> dict[str, Candidate]:
+    """Name -> (builder of one epoch's call, images per epoch, the row's first cells)."""
+    augment = swin(spec.img_size, num_classes=spec.num_classes, label_smoothing=0.1)
+    evaluation = EvalTransform(spec.img_size, spec.crop_pct, "bicubic")
+    n, batch = len(spec.train), spec.batch_size
+    train_images = n // batch * batch  # the train loader drops the last incomplete batch
+    loop = ("in-process loop (no MindSpore)", "-", "-")
+    rows = {"train/in_process": (lambda: _in_process(spec.train, augment), n, ("swin train", *loop)),
+            "eval/in_process": (lambda: _in_process(spec.val, evaluation), n, ("eval", *loop))}
+    for workers in range(1, max_workers + 1):
+        for processes in ((False,) if workers == 1 else (True, False)):
+            kind = "processes" if processes else "threads"
+
+            def train(w: int = workers, p: bool = processes) -> Callable[[], None]:
+                return _pipeline(Loader(spec.train, augment.transform, batch, w, 0, augment.targets, p))
+
+            def val(w: int = workers, p: bool = processes) -> Callable[[], None]:
+                return _pipeline(Loader(spec.val, evaluation, batch, w, 0, python_multiprocessing=p))
+
+            how = (f"Loader, batch {batch}", str(workers), kind)
+            rows[f"train/{workers}_{kind}"] = (train, train_images, ("swin train", *how))
+            rows[f"eval/{workers}_{kind}"] = (val, len(spec.val), ("eval", *how))
+    return rows
+
+
+def run(opts: Options) -> BenchResult:
+    """The `data` sub-benchmark."""
+    img_size, batch = opts.img_size or 224, opts.batch or 64
+    if opts.images < max(batch, CLASSES):
+        raise ValueError(f"--images={opts.images} must be >= --batch={batch} and >= {CLASSES}")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_folder(Path(tmp), opts.images, img_size)
+        spec = imagefolder(tmp, num_classes=CLASSES, img_size=img_size, batch_size=batch, num_workers=1,
+                           crop_pct=0.875)
+        rows = candidates(spec, opts.workers)
+        # the first (untimed) epoch of each row is its warm-up: an epoch is long enough to need no more
+        timings = round_robin({name: build for name, (build, _, _) in rows.items()}, 0, opts.iters)
+    table_rows, metrics = [], {}
+    for name, timing in timings.items():
+        _, images, cells = rows[name]
+        rates = sorted(images / s for s in timing.samples.seconds)
+        rate = float(np.median(rates))
+        table_rows.append((*cells, f"{rate:.0f}", f"{rates[0]:.0f}", f"{rates[-1]:.0f}"))
+        metrics[f"data/{name}/images_per_s"] = rate
+    source = "CIFAR-10 train JPEGs upscaled" if CIFAR_TRAIN.is_file() else "drawn-shape JPEGs"
+    title = (f"Input pipeline, {opts.images} {source} to {img_size} px (JPEG q90), output {img_size} px; "
+             f"{opts.iters} timed epochs per row after one untimed, round-robin; {describe()}")
+    notes = (("swin train: RandomResizedCrop bicubic + flip, RandAugment rand-m9-mstd0.5-inc1, normalize, "
+              "RandomErasing 0.25, Mixup 0.8 / CutMix 1.0 with label smoothing 0.1. eval: resize the short side to "
+              f"{img_size}/0.875 (bicubic), center crop {img_size}, normalize."),
+             f"Mean 1-minute load average during the timed epochs: {next(iter(timings.values())).load:.1f}.")
+    columns = ("pipeline", "how", "workers", "worker kind", "median (images/s)", "min (images/s)", "max (images/s)")
+    return BenchResult("data", Table(title, columns, tuple(table_rows), notes), metrics)

@@ -1,0 +1,97 @@
+"""What a timed train step needs, built from the composed config the way `swinexp.build` builds it for training."""
+from __future__ import annotations
+
+import atexit
+import gc
+import math
+from collections.abc import Callable, Sequence
+
+import mindspore as ms
+import numpy as np
+from hydra import compose as compose_cfg
+from hydra import initialize_config_dir
+from mindspore import Tensor, nn
+from omegaconf import DictConfig
+
+from swinexp.build import node, trainer_cfg
+from swinexp.models.factory import MODEL_CONF_DIR
+from swinexp.models.summary import summarize
+from swinexp.models.swin import SwinTransformer
+from swinexp.registry import AMP_POLICIES, OPTIMIZERS, SCHEDULERS
+from swinexp.step import StepOutput, TrainStep, make_train_step
+
+__all__ = ["CONF_DIR", "build_train_step", "compose", "forward_flops", "make_step_call", "quiet_cell_teardown",
+           "random_batch", "release_compiled"]
+
+CONF_DIR = MODEL_CONF_DIR.parent
+
+
+def compose(overrides: Sequence[str]) -> DictConfig:
+    """The root config with Hydra command-line overrides, as `python run.py <overrides>` composes it."""
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return compose_cfg("config", overrides=list(overrides))
+
+
+def build_train_step(cfg: DictConfig, model: nn.Cell, total_steps: int) -> TrainStep:
+    """`model` under the config's amp policy, optimizer and LR schedule, in the train step `fit` uses.
+
+    Args:
+        cfg: The composed config (amp, optimizer, scheduler, trainer, hardware.mode are read).
+        model: The network, not yet cast (any nn.Cell: a peer's model too).
+        total_steps: Calls the step will get; the LR schedule is made at least this long.
+    """
+    trainer = trainer_cfg(cfg)
+    amp = AMP_POLICIES.build(node(cfg, "amp"))
+    model = amp.apply(model)
+    model.set_train(True)
+    optimizer_cfg = node(cfg, "optimizer")
+    schedule = SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(optimizer_cfg["lr"]), epochs=trainer.epochs,
+                                steps_per_epoch=total_steps)
+    optimizer = OPTIMIZERS.build({**optimizer_cfg, "lr": Tensor(schedule)}, model=model)
+    return make_train_step(model, optimizer, amp, trainer.clip_grad, cfg.hardware.mode == "graph",
+                           trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
+
+
+def random_batch(cfg: DictConfig, seed: int) -> tuple[Tensor, Tensor]:
+    """Images (B, 3, S, S) and one-hot targets (B, K) at data.batch_size, data.img_size, data.num_classes."""
+    rng = np.random.default_rng(seed)
+    b, s, k = int(cfg.data.batch_size), int(cfg.data.img_size), int(cfg.data.num_classes)
+    images = rng.standard_normal((b, 3, s, s)).astype(np.float32)
+    return Tensor(images), Tensor(np.eye(k, dtype=np.float32)[rng.integers(0, k, b)])
+
+
+def forward_flops(model: SwinTransformer) -> int:
+    """Forward FLOPs of one image, official Swin count (a multiply-add is one FLOP; swin_tiny at 224: 4.5 G)."""
+    return sum(row.flops for row in summarize(model))
+
+
+def make_step_call(step: TrainStep, images: Tensor, targets: Tensor) -> Callable[[], StepOutput]:
+    """A zero-argument call that runs one step and fails on a non-finite loss (a broken variant, not a timing)."""
+
+    def call() -> StepOutput:
+        out = step(images, targets)  # its loss is a host float: the step has finished when this returns
+        if not math.isfinite(out.loss):
+            raise FloatingPointError(f"train loss {out.loss}: this variant does not train; check its overrides")
+        return out
+
+    return call
+
+
+def release_compiled() -> None:
+    """Free what MindSpore can of the graphs compiled so far (about a third of their host memory, measured)."""
+    ms.ms_memory_recycle()
+    gc.collect()
+
+
+def _skip_cell_del(self: nn.Cell) -> None:
+    pass
+
+
+def quiet_cell_teardown() -> None:
+    """Keep interpreter exit free of MindSpore's "Exception ignored in Cell.__del__" tracebacks.
+
+    MindSpore's compile cache holds every jitted step's network until the interpreter tears its modules down;
+    Cell.__del__ then reads module globals that are already None and prints a traceback per cell (MindCV's cells
+    show it). At that point there is nothing left to release, so the hook makes __del__ a no-op just before.
+    """
+    atexit.register(setattr, nn.Cell, "__del__", _skip_cell_del)

@@ -1,0 +1,62 @@
+"""The child process of `overhead`: time each phase from interpreter start to the first finished train step.
+
+    python -c "import time; t = time.time(); from swinexp.bench.startup import main; main(t)" STEADY [overrides]
+
+It does what `python run.py <overrides>` does up to its first train step (compose, hardware.apply,
+build_experiment, make_train_step as `fit` calls it, the first batch), then STEADY more steps with their data, and
+prints one JSON line: the wall-clock stamp (time.time()) at the end of each phase, the steady step times and the
+batches of a full epoch.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+from omegaconf import OmegaConf
+
+from swinexp import hardware
+from swinexp.bench.harness import compose
+from swinexp.build import build_experiment
+from swinexp.data import Loader
+from swinexp.step import make_train_step
+from swinexp.tracking import NullTracker
+
+__all__ = ["main"]
+
+
+def _batches(loader: Loader) -> Iterator[tuple]:
+    """Batches across epochs, for smoke data shorter than the steps asked for."""
+    epoch = 0
+    while True:
+        yield from loader.epoch(epoch)
+        epoch += 1
+
+
+def main(started: float, argv: Sequence[str] | None = None) -> None:
+    """Run the phases and print their stamps; `started` is time.time() as the interpreter began the -c code."""
+    imported = time.time()  # the imports above: swinexp (all registries), MindSpore, Hydra, OmegaConf
+    argv = list(sys.argv[1:] if argv is None else argv)
+    steady_steps, overrides = int(argv[0]), argv[1:]
+    cfg = compose(overrides)
+    composed = time.time()
+    hw = OmegaConf.to_object(cfg.hardware)
+    hardware.apply(hw, int(cfg.seed))
+    exp = build_experiment(cfg, NullTracker())
+    built = time.time()
+    trainer = exp.trainer
+    step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, hw.mode == "graph",
+                           trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
+    batches = _batches(exp.train_loader)
+    step(*next(batches))  # StepOutput holds host floats: the step has finished
+    first_step = time.time()
+    steady = []
+    for _ in range(steady_steps):
+        start = time.perf_counter()
+        step(*next(batches))
+        steady.append(time.perf_counter() - start)
+    batches.close()
+    print(json.dumps({"started": started, "imported": imported, "composed": composed, "built": built,
+                      "first_step": first_step, "steady_s": steady, "batches_per_epoch": len(exp.train_loader),
+                      "model": cfg.model.name, "batch": int(cfg.data.batch_size), "img_size": int(cfg.data.img_size)}))

@@ -1,0 +1,222 @@
+"""`step`: the full train step of a model config per variant (rewrites, amp policies), round-robin in one process.
+
+Every variant is the same composed config plus its own Hydra overrides, built through the registries and run by
+`swinexp.step.make_train_step` exactly as training runs it (forward, soft-target loss, backward, loss-scaled AdamW
+update). The reference (first) variant is the official formulation in fp32; the ratio column divides each
+variant's step time by the reference's measured in the same process.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import median
+
+from swinexp.bench.harness import CONF_DIR, build_train_step, compose, forward_flops, make_step_call, random_batch
+from swinexp.bench.host import MemoryGuard, describe
+from swinexp.bench.options import Options
+from swinexp.bench.table import BenchResult, Table
+from swinexp.bench.timing import progress, round_robin
+from swinexp.build import node
+from swinexp.hardware import set_seed
+from swinexp.registry import MODELS, ConfigError
+
+__all__ = ["DEFAULT_VARIANTS", "PRESETS", "Measured", "Variant", "WorkerFailed", "measure", "parse_variant", "run",
+           "split_groups", "step_table"]
+
+OFFICIAL = "qkv=fused, patch_merging=slice, rel_pos_bias=gather"
+PRESETS: dict[str, tuple[str, ...]] = {
+    "baseline": (),  # the base overrides below: official formulation, amp o0
+    "qkv=split": ("model.qkv=split",),
+    "patch_merging=reshape": ("model.patch_merging=reshape",),
+    "rel_pos_bias=onehot": ("model.rel_pos_bias=onehot",),
+    "all three": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=onehot"),
+    "amp=o2": ("amp=o2",),
+    "amp=o1_manual": ("amp=o1_manual",),
+}
+DEFAULT_VARIANTS = tuple(PRESETS)
+# every variant starts from the official formulation in fp32; a variant's own overrides win over these
+BASE = ("+model/rewrites=official", "amp=o0", "tracking=none")
+
+
+class WorkerFailed(RuntimeError):
+    """The reference variant could not be measured (in this process or any worker): nothing to compare with."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named list of Hydra overrides on top of the base config."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+
+def parse_variant(spec: str) -> Variant:
+    """A preset name ("qkv=split", "all three", ...) or space-separated overrides ("model.qkv=split amp=o2")."""
+    if spec in PRESETS:
+        return Variant(spec, PRESETS[spec])
+    overrides = tuple(spec.split())
+    if not overrides or any("=" not in o for o in overrides):
+        raise ConfigError(f"--variants '{spec}' is neither a preset ({', '.join(PRESETS)}) nor Hydra overrides such as "
+                          "'model.qkv=split amp=o2'")
+    return Variant(spec, overrides)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One variant's timing in one process (JSON-friendly: worker processes send these back).
+
+    Attributes:
+        group: Index of the process that measured it; ratios compare variants of the same group only.
+        first_s: Graph compilation plus the first step.
+        seconds: Timed steps.
+        load: Mean 1-minute load average over the timed rounds.
+        batch: Images per step.
+        flops: Forward FLOPs of one image (official Swin count).
+    """
+
+    name: str
+    overrides: tuple[str, ...]
+    group: int
+    first_s: float
+    seconds: tuple[float, ...]
+    load: float
+    batch: int
+    flops: int
+
+
+def base_overrides(opts: Options) -> list[str]:
+    return [*opts.model_overrides("swin_tiny", 4, 224), f"data.num_classes={opts.num_classes}", *BASE,
+            *opts.overrides]
+
+
+def measure(opts: Options, variants: list[Variant], group: int = 0) -> tuple[list[Measured], dict[str, str]]:
+    """Compile and time `variants` in this process, round-robin.
+
+    Returns:
+        The measured variants, and name -> error of those that failed to build or compile (left out).
+    """
+    base = base_overrides(opts)
+    cfgs = {v.name: compose([*base, *v.overrides]) for v in variants}  # a config typo fails before any compile
+    total_steps = 1 + opts.warmup + opts.iters
+    flops: dict[str, int] = {}
+
+    def builder(name: str) -> Callable[[], Callable[[], object]]:
+        def build() -> Callable[[], object]:
+            cfg = cfgs[name]
+            set_seed(opts.seed)  # same initial weights wherever the variants' parameters have the same shapes
+            model = MODELS.build(node(cfg, "model"))
+            flops[name] = forward_flops(model)
+            return make_step_call(build_train_step(cfg, model, total_steps), *random_batch(cfg, opts.seed))
+        return build
+
+    failed: dict[str, str] = {}
+    timings = round_robin({v.name: builder(v.name) for v in variants}, opts.warmup, opts.iters, MemoryGuard(), failed)
+    if variants[0].name in failed:
+        raise WorkerFailed(f"the reference variant '{variants[0].name}' failed ({failed[variants[0].name]}); "
+                           "nothing to compare with")
+    measured = [Measured(v.name, v.overrides, group, timings[v.name].first_s, timings[v.name].samples.seconds,
+                         timings[v.name].load, int(cfgs[v.name].data.batch_size), flops[v.name])
+                for v in variants if v.name in timings]
+    return measured, failed
+
+
+def split_groups(variants: list[Variant], max_resident: int) -> list[list[Variant]]:
+    """Groups of at most `max_resident` variants, each starting with the reference (the first variant)."""
+    reference, others = variants[0], variants[1:]
+    size = max_resident - 1
+    return [[reference, *others[i:i + size]] for i in range(0, len(others), size)] or [[reference]]
+
+
+def measure_in_groups(opts: Options, variants: list[Variant]) -> tuple[list[Measured], dict[str, str]]:
+    """Run `measure` in one worker process per group of `opts.max_resident` variants, each led by the reference."""
+    groups = split_groups(variants, opts.max_resident)
+    measured: list[Measured] = []
+    failed: dict[str, str] = {}
+    for index, group in enumerate(groups, start=1):
+        progress(f"process {index}/{len(groups)}: {', '.join(v.name for v in group)}")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "measured.json"
+            worker = replace(opts, variants=tuple(v.name for v in group), max_resident=0)
+            cmd = [sys.executable, "-m", "swinexp.bench", "step", *worker.to_argv(), f"--json-out={out}",
+                   f"--group={index}"]
+            status = subprocess.run(cmd, cwd=CONF_DIR.parent, check=False).returncode
+            if status != 0:  # the other groups still count: report this one's variants as left out
+                progress(f"process {index}/{len(groups)} failed with exit status {status}; going on")
+                failed.update({v.name: f"its process exited with status {status} (error above)" for v in group[1:]})
+                continue
+            result = json.loads(out.read_text())
+            measured += [Measured(**{**m, "overrides": tuple(m["overrides"]), "seconds": tuple(m["seconds"])})
+                         for m in result["measured"]]
+            failed.update(result["failed"])
+    if not measured:
+        raise WorkerFailed(f"no process measured anything; errors: {failed}")
+    return measured, failed
+
+
+def _label(m: Measured, grouped: bool) -> str:
+    return f"{m.name} #{m.group}" if grouped else m.name
+
+
+def _describe_overrides(m: Measured) -> str:
+    return " ".join(m.overrides) if m.overrides else f"({OFFICIAL}, amp=o0)"
+
+
+def step_table(measured: list[Measured], opts: Options, failed: dict[str, str] | None = None) -> BenchResult:
+    """The markdown table and MLflow metrics of `measured` (ratios to the first variant of each group)."""
+    grouped = len({m.group for m in measured}) > 1
+    reference = {}
+    for m in measured:
+        reference.setdefault(m.group, m)
+    rows, metrics = [], {}
+    for m in measured:
+        mid, low, high = median(m.seconds), min(m.seconds), max(m.seconds)
+        ratio, ratio_min = mid / median(reference[m.group].seconds), low / min(reference[m.group].seconds)
+        gflops = 3 * m.flops * m.batch / mid / 1e9
+        rows.append((_label(m, grouped), _describe_overrides(m), f"{m.first_s:.1f}", f"{1000 * mid:.1f}",
+                     f"{1000 * low:.1f}", f"{1000 * high:.1f}", f"{m.batch / mid:.2f}", f"{gflops:.2f}",
+                     f"{ratio:.3f}", f"{ratio_min:.3f}"))
+        key = f"step/{_label(m, grouped)}"
+        metrics.update({f"{key}/median_ms": 1000 * mid, f"{key}/min_ms": 1000 * low, f"{key}/max_ms": 1000 * high,
+                        f"{key}/compile_s": m.first_s, f"{key}/images_per_s": m.batch / mid,
+                        f"{key}/gflops_per_s": gflops, f"{key}/ratio_median": ratio})
+    first = measured[0]
+    cfg = compose(base_overrides(opts))
+    where = (f"{len(reference)} processes of <= {opts.max_resident} variants, round-robin within each" if grouped
+             else "round-robin in one process")
+    title = (f"Train step of {cfg.model.name}, batch {cfg.data.batch_size}, {cfg.data.img_size} px, "
+             f"{cfg.hardware.mode} mode, {len(first.seconds)} timed steps per variant after {opts.warmup} warm-up, "
+             f"{where}; {describe()}")
+    loads = ", ".join(f"{m.load:.1f}" for m in reference.values())
+    notes = (
+        (f"A step is one `make_train_step` call: forward, soft-target cross entropy, backward, loss-scaled "
+         f"{cfg.optimizer.name} update, as `swinexp.train.fit` runs it. Baseline: the official formulation "
+         f"({OFFICIAL}), amp o0 (fp32); the other rows add their overrides to it."),
+        "ratio: median (min) step time / the same of the first row"
+        + (" of the same process (`#n`)" if grouped else "") + "; < 1 is faster.",
+        ("GFLOP/s: 3 x forward FLOPs x batch / median step time (backward counted as 2 x forward; loss and "
+         "optimizer not counted). Forward FLOPs from `swinexp.models.summary`, the official Swin count where a "
+         f"multiply-add is one FLOP: {first.flops / 1e9:.3f} G per image here."),
+        f"Mean 1-minute load average during the timed steps: {loads} (whole machine, other jobs included).",
+        *(f"Left out, failed to build or compile: {name} ({error})" for name, error in (failed or {}).items()),
+    )
+    columns = ("variant", "overrides", "compile + 1st step (s)", "median (ms)", "min (ms)", "max (ms)", "images/s",
+               "GFLOP/s", "ratio (median)", "ratio (min)")
+    return BenchResult("step", Table(title, columns, tuple(rows), notes), metrics)
+
+
+def run(opts: Options) -> BenchResult:
+    """The `step` sub-benchmark."""
+    variants = [parse_variant(spec) for spec in (opts.variants or DEFAULT_VARIANTS)]
+    if len({v.name for v in variants}) < len(variants):
+        raise ConfigError(f"--variants lists a variant twice: {[v.name for v in variants]}")
+    if opts.max_resident == 1 or opts.max_resident < 0:
+        raise ConfigError(f"--max-resident={opts.max_resident}: use 0 (all variants in one process) or >= 2 "
+                          "(the reference plus at least one variant per process)")
+    grouped = opts.max_resident and len(variants) > opts.max_resident
+    measured, failed = measure_in_groups(opts, variants) if grouped else measure(opts, variants)
+    return step_table(measured, opts, failed)

@@ -1,0 +1,194 @@
+"""`python -m swinexp.bench`: every sub-benchmark runs one tiny iteration through the real CLI and prints a
+well-formed table; the pure parts (variants, groups, worker argv, ratios) are checked without timing anything."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from swinexp.bench import peers, step
+from swinexp.bench.__main__ import main, parse
+from swinexp.bench.options import Options
+from swinexp.bench.step import Measured, parse_variant, split_groups, step_table
+from swinexp.bench.table import Table
+from swinexp.registry import ConfigError
+
+# swin_micro shrunk further: 32 px, embed 16, one block per stage, 10 classes
+MICRO = ["--model", "swin_micro", "--img-size", "32", "--batch", "2", "--num-classes", "10", "model.embed_dim=16",
+         "model.depths=[1,1]", "model.num_heads=[1,2]", "--iters", "1", "--warmup", "0"]
+
+
+def tables(stdout: str) -> list[tuple[list[str], list[list[str]]]]:
+    """(header cells, body rows) of every markdown table in `stdout`, checking each has a separator row."""
+    found = []
+    for block in re.findall(r"(?:^\|.*\|$\n?)+", stdout, flags=re.MULTILINE):
+        lines = block.strip().splitlines()
+        cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+        assert all(re.fullmatch(r"-{3,}:?", c) for c in cells[1]), lines[1]
+        assert all(len(row) == len(cells[0]) for row in cells), block
+        found.append((cells[0], cells[2:]))
+    return found
+
+
+def numbers(header: list[str], row: list[str], columns: tuple[str, ...]) -> list[float]:
+    return [float(row[header.index(c)]) for c in columns]
+
+
+def test_step_prints_one_row_per_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["step", *MICRO, "--variants", "baseline", "all three"]) == 0
+    ((header, rows),) = tables(capsys.readouterr().out)
+    assert [r[0] for r in rows] == ["baseline", "all three"]
+    assert header[:2] == ["variant", "overrides"]
+    for row in rows:
+        values = numbers(header, row, ("compile + 1st step (s)", "median (ms)", "min (ms)", "max (ms)", "images/s",
+                                       "GFLOP/s", "ratio (median)", "ratio (min)"))
+        assert all(v > 0 for v in values[:5]), row
+    assert rows[0][header.index("ratio (median)")] == "1.000"  # the reference is the first variant
+    assert "model.qkv=split" in rows[1][1]
+
+
+def test_peers_compares_swinexp_with_a_micro_mindcv_swin(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mindcv")
+    assert main(["peers", *MICRO]) == 0
+    out = capsys.readouterr()
+    ((header, rows),) = tables(out.out)
+    assert [r[0] for r in rows] == [peers.MINDCV, peers.SWINEXP]
+    for row in rows:
+        assert all(v > 0 for v in numbers(header, row, ("median (ms)", "min (ms)", "max (ms)", "images/s")))
+    assert re.search(r"swinexp / MindCV step time: \d+\.\d+", out.out)
+
+
+def test_mindcv_peer_of_swin_tiny_is_mindcvs_swin_tiny() -> None:
+    mindcv = pytest.importorskip("mindcv")
+    from swinexp.models.factory import model_defaults
+
+    def shapes(model) -> dict[str, tuple[int, ...]]:
+        return {p.name: tuple(p.shape) for p in model.get_parameters()}
+
+    ours = peers.build_mindcv_swin({**model_defaults("swin_tiny"), "img_size": 224, "num_classes": 1000})
+    assert shapes(ours) == shapes(mindcv.create_model("swin_tiny", num_classes=1000))
+
+
+def test_peers_without_mindcv_says_how_to_install_and_exits_0(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(peers, "mindcv_installed", lambda: False)
+    assert main(["peers", *MICRO]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and "pip install -e '.[bench]'" in out.err
+
+
+def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["data", "--images", "16", "--batch", "8", "--img-size", "32", "--workers", "1", "--iters", "1"]) == 0
+    ((header, rows),) = tables(capsys.readouterr().out)
+    assert len(rows) == 4  # train and eval, each in-process and through one Loader worker
+    for row in rows:
+        assert all(v > 0 for v in numbers(header, row, ("median (images/s)", "min (images/s)", "max (images/s)")))
+
+
+def test_overhead_times_startup_phases_and_mlflow(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["overhead", *MICRO, "data.num_train=16", "data.num_val=10", f"data.root={tmp_path / 'data'}"]) == 0
+    ((header, rows),) = tables(capsys.readouterr().out)
+    names = [r[0] for r in rows]
+    assert "process start to first step done" in names and any(n.startswith("MLflow: log_metrics") for n in names)
+    for row in rows:
+        assert all(v >= 0 for v in numbers(header, row, ("median", "min", "max"))), row
+
+
+def test_mlflow_run_holds_the_figures_and_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["data", "--images", "10", "--batch", "5", "--img-size", "16", "--workers", "1", "--iters", "1",
+                 "--mlflow", "--tracking-uri", uri]) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("swinexp-bench").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["data/train/in_process/images_per_s"] > 0
+    assert run.data.params["images"] == "10"
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["bench_data.md"]
+
+
+def test_variants_are_presets_or_override_lists() -> None:
+    assert parse_variant("all three").overrides == ("model.qkv=split", "model.patch_merging=reshape",
+                                                    "model.rel_pos_bias=onehot")
+    assert parse_variant("model.qkv=split amp=o2").overrides == ("model.qkv=split", "amp=o2")
+    with pytest.raises(ConfigError, match="neither a preset"):
+        parse_variant("split")
+
+
+def test_groups_each_start_with_the_reference() -> None:
+    variants = [parse_variant(v) for v in step.DEFAULT_VARIANTS]
+    groups = split_groups(variants, 3)
+    assert all(g[0].name == "baseline" and len(g) <= 3 for g in groups)
+    assert [v.name for g in groups for v in g[1:]] == list(step.DEFAULT_VARIANTS[1:])
+
+
+def test_ratios_are_taken_within_each_process() -> None:
+    def measured(name: str, group: int, seconds: float) -> Measured:
+        return Measured(name, (), group, 1.0, (seconds, seconds), 0.0, 4, 10**9)
+
+    result = step_table([measured("baseline", 1, 2.0), measured("qkv=split", 1, 1.0),
+                         measured("baseline", 2, 4.0), measured("amp=o2", 2, 6.0)], Options(model="swin_micro"))
+    ratio = {row[0]: row[result.table.columns.index("ratio (median)")] for row in result.table.rows}
+    assert ratio == {"baseline #1": "1.000", "qkv=split #1": "0.500", "baseline #2": "1.000", "amp=o2 #2": "1.500"}
+
+
+def test_worker_argv_reproduces_the_options() -> None:
+    names, opts, _ = parse(["step", *MICRO, "optimizer.lr=1e-4", "--variants", "baseline", "amp=o2"])
+    assert names == ["step"]
+    _, again, _ = parse(["step", *opts.to_argv()])
+    assert again == opts
+
+
+def test_unknown_sub_benchmark_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["peer"]) == 2
+    assert "Did you mean 'peers'" in capsys.readouterr().err
+
+
+def test_table_right_aligns_numeric_columns() -> None:
+    text = Table("t", ("name", "ms"), (("a", "1.5"), ("b", "2"))).markdown()
+    assert text.splitlines()[2:] == ["| name | ms |", "|---|---:|", "| a | 1.5 |", "| b | 2 |"]
+
+
+def test_memory_guard_stops_before_a_compile_that_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from swinexp.bench import host
+
+    memory = {"rss": 1.0, "available": 20.0}
+    monkeypatch.setattr(host, "rss_gb", lambda: memory["rss"])
+    monkeypatch.setattr(host, "available_gb", lambda: memory["available"])
+    guard = host.MemoryGuard(wait_s=0)
+    guard.before_compile("baseline", compiled=0)
+    memory.update(rss=7.0, available=14.0)  # the first compiled step kept 6 GiB
+    guard.after_compile()
+    guard.before_compile("qkv=split", compiled=1)  # 14 GiB free: fits
+    memory.update(rss=13.0, available=6.0)  # 3 steps of 6 GiB fitted at the start, but others took memory since
+    guard.after_compile()
+    with pytest.raises(host.NotEnoughMemory, match="--max-resident 2"):
+        guard.before_compile("amp=o2", compiled=2)
+
+
+def test_a_candidate_that_fails_to_build_is_left_out_with_its_error() -> None:
+    from swinexp.bench.timing import round_robin
+
+    def broken() -> None:
+        raise TypeError("The parameters number of the function is 0\nC++ call stack ...")
+
+    failed: dict[str, str] = {}
+    timings = round_robin({"ok": lambda: (lambda: None), "broken": broken}, warmup=0, iters=2, failed=failed)
+    assert list(timings) == ["ok"] and len(timings["ok"].samples.seconds) == 2
+    assert failed == {"broken": "TypeError: The parameters number of the function is 0"}
+    with pytest.raises(TypeError):
+        round_robin({"broken": broken}, warmup=0, iters=1)
+
+
+def test_memory_guard_waits_for_memory_other_jobs_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    from swinexp.bench import host
+
+    memory = {"rss": 7.0, "available": 3.0}
+    monkeypatch.setattr(host, "rss_gb", lambda: memory["rss"])
+    monkeypatch.setattr(host, "available_gb", lambda: memory["available"])
+    monkeypatch.setattr(host.time, "sleep", lambda s: memory.update(available=memory["available"] + 2.0))
+    guard = host.MemoryGuard(wait_s=60, poll_s=1)
+    guard.largest_gb = 6.0  # one step compiled: the next needs 6.6 GiB free
+    guard.before_compile("qkv=split", compiled=1)  # returns once another job has freed enough (3 -> 7 GiB)
+    assert memory["available"] == 7.0
