@@ -40,16 +40,18 @@ def _train(run_dir: Path, data_root: Path, db: Path) -> subprocess.CompletedProc
 
 def _start_and_signal(run_dir: Path, data_root: Path, db: Path, signum: int) -> tuple[int, str]:
     """Start training, wait for its first checkpoint, send `signum`; return the exit status and stderr."""
-    proc = subprocess.Popen(_command(run_dir, data_root, db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd=run_dir.parent)
+    log = run_dir.parent / f"signal-{signum}.log"  # a file, not a pipe: an unread pipe fills and blocks the child
+    proc = subprocess.Popen(_command(run_dir, data_root, db), stdout=subprocess.DEVNULL, stderr=log.open("w"),
+                            cwd=run_dir.parent)
     first = run_dir / "checkpoints" / "step-00000004.ckpt"
     deadline = time.monotonic() + 600
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert proc.poll() is None, f"training ended before its first checkpoint: {proc.communicate()[1][-3000:]}"
+    assert proc.poll() is None, f"training ended before its first checkpoint: {log.read_text()[-3000:]}"
+    assert first.exists(), f"no checkpoint after 600 s: {log.read_text()[-3000:]}"
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=300)
-    return proc.returncode, stderr
+    proc.wait(timeout=300)
+    return proc.returncode, log.read_text()
 
 
 def _state(run_dir: Path) -> dict[str, np.ndarray]:

@@ -146,14 +146,16 @@ def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path)
                *[o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=2"], "trainer.epochs=50",
                "trainer.checkpoint.every_n_steps=2", "tracking=mlflow", f"tracking.uri={uri}",
                f"hydra.sweep.dir={tmp_path / 'multirun'}"]
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "sweep.log"  # a file, not a pipe: an unread pipe fills and blocks the sweep
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     first = tmp_path / "multirun" / "0" / "checkpoints" / "step-00000002.ckpt"
     deadline = time.monotonic() + 600
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert proc.poll() is None and first.exists(), log.read_text()[-3000:]
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
+    proc.wait(timeout=300)
+    stderr = log.read_text()
     assert proc.returncode != 0
 
     client = MlflowClient(uri)
