@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -140,8 +141,8 @@ class SweepCallback(Callback):
         self._finish()
 
     def _finish(self) -> None:
-        if self.failed:
-            log.error("%d sweep job(s) failed:\n  %s", len(self.failed), "\n  ".join(self.failed))
+        if self.failed:  # the sweep's last words, on stderr whatever Hydra did with the logging setup
+            print(f"{len(self.failed)} sweep job(s) failed:\n  " + "\n  ".join(self.failed), file=sys.stderr)
         if self.tracker is not None:
             self.tracker.close("FAILED" if self.failed else "FINISHED")
             self.tracker = None
