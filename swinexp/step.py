@@ -37,15 +37,56 @@ def soft_target_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return ops.mean(ops.sum(-targets * ops.log_softmax(ops.cast(logits, ms.float32), axis=-1), dim=-1))
 
 
+# Per-parameter work is written as MultitypeFuncGraphs mapped over the gradient tuple, not as Python loops or
+# comprehensions: a loop is unrolled into one graph node per parameter when the step is parsed, and compiling
+# those nodes dominated the first step (swin_micro: 21 s -> 8 s, swin_tiny: see BENCHMARKS.md); the HyperMap
+# computes the same ops.
+_map = ops.HyperMap()
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+_times = ops.MultitypeFuncGraph("times")
+_ema_update = ops.MultitypeFuncGraph("ema_update")
+_accumulate = ops.MultitypeFuncGraph("accumulate")
+_clear = ops.MultitypeFuncGraph("clear")
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad: Tensor) -> Tensor:
+    return ops.sum(ops.square(ops.cast(grad, ms.float32)))
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(factor: Tensor, grad: Tensor) -> Tensor:
+    return grad * ops.cast(factor, grad.dtype)
+
+
+@_ema_update.register("Number", "Tensor", "Tensor")
+def _ema_update_tensor(decay: float, ema: Parameter, param: Parameter) -> Tensor:
+    return ops.assign(ema, ema * decay + ops.cast(param, ema.dtype) * (1.0 - decay))
+
+
+@_accumulate.register("Function", "Tensor", "Tensor")
+def _accumulate_tensor(assign_add: ops.Primitive, buf: Parameter, grad: Tensor) -> Tensor:
+    return assign_add(buf, ops.cast(grad, buf.dtype))
+
+
+@_clear.register("Function", "Tensor")
+def _clear_tensor(assign_sub: ops.Primitive, buf: Parameter) -> Tensor:
+    return assign_sub(buf, buf)  # clear by subtraction: no second, all-zeros buffer
+
+
 def global_norm(grads: tuple[Tensor, ...]) -> Tensor:
     """L2 norm of all gradients together, in fp32."""
-    return ops.sqrt(ops.addn([ops.sum(ops.square(ops.cast(g, ms.float32))) for g in grads]))
+    return ops.sqrt(ops.addn(_map(_square_sum, grads)))
+
+
+def scale_all(grads: tuple[Tensor, ...], factor: Tensor) -> tuple[Tensor, ...]:
+    """Every gradient times the scalar `factor` (cast to each gradient's dtype)."""
+    return _map(ops.partial(_times, factor), grads)
 
 
 def clip_by_global_norm(grads: tuple[Tensor, ...], norm: Tensor, max_norm: float) -> tuple[Tensor, ...]:
     """torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when that is < 1."""
-    factor = ops.minimum(max_norm / (norm + 1e-6), 1.0)
-    return tuple(g * ops.cast(factor, g.dtype) for g in grads)
+    return scale_all(grads, ops.minimum(max_norm / (norm + 1e-6), 1.0))
 
 
 class TrainStep:
@@ -104,8 +145,7 @@ class TrainStep:
             (_, loss), grads = grad_fn(images, targets)
             finite = all_finite(grads)
             if finite:
-                for buf, g in zip(accum, grads):
-                    assign_add(buf, ops.cast(g, buf.dtype))
+                _map(ops.partial(_accumulate, assign_add), accum, grads)
             else:
                 ops.assign(window_overflow, ops.ones((), ms.bool_))
             return loss
@@ -114,8 +154,7 @@ class TrainStep:
             loss = accumulate(images, targets)
             clean = ops.logical_not(window_overflow)
             out = apply_update(tuple(accum), float(accumulation_steps), clean)
-            for buf in accum:
-                assign_sub(buf, buf)  # clear by subtraction: no second, all-zeros buffer
+            _map(ops.partial(_clear, assign_sub), accum)
             ops.assign(window_overflow, ops.zeros((), ms.bool_))
             return (loss, *out)
 
@@ -146,7 +185,7 @@ class TrainStep:
                 grads = reduce_grads(grads)  # mean over ranks, once per optimizer step
                 # a rank that dropped an overflowing micro-batch makes every rank skip, so weights stay equal
                 clean = all_sum(ops.cast(ops.logical_not(clean), ms.float32)) == 0
-            grads = tuple(g * ops.cast(1.0 / (scale * count), g.dtype) for g in grads)
+            grads = scale_all(grads, 1.0 / (scale * count))
             finite = ops.logical_and(all_finite(grads), clean)
             norm = global_norm(grads)
             if finite:
@@ -154,8 +193,7 @@ class TrainStep:
                     grads = clip_by_global_norm(grads, norm, clip_grad)
                 optimizer(grads)
                 if ema_decay is not None:
-                    for e, p in zip(ema, params):
-                        ops.assign(e, e * ema_decay + ops.cast(p, e.dtype) * (1.0 - ema_decay))
+                    _map(ops.partial(_ema_update, ema_decay), ema, params)
             scaler.adjust(finite)
             return norm, ops.logical_not(finite), scale
 
