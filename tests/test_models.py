@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+from typing import Callable
 
 import mindspore as ms
 import numpy as np
@@ -13,7 +14,11 @@ from swinexp.models import MODELS, SWIN_VARIANTS, SwinTransformer
 from swinexp.models.convert import fuse_qkv, split_qkv
 from swinexp.models.factory import create_model, model_defaults
 from swinexp.models.layers import (
+    AddBroadcast,
     DropPath,
+    ExactGELU,
+    LastAxisSoftmax,
+    Linear,
     relative_position_index,
     roll_hw,
     shifted_window_mask,
@@ -23,7 +28,9 @@ from swinexp.models.layers import (
 from swinexp.models.swin import merge_2x2_reshape, merge_2x2_slice
 from swinexp.registry import ConfigError
 
-SWITCHES = list(itertools.product(("fused", "split", "fused_split"), ("slice", "reshape"), ("gather", "onehot")))
+# (qkv, patch_merging, rel_pos_bias, custom_bprop); the first is the official formulation with autodiff gradients
+SWITCHES = list(itertools.product(("fused", "split", "fused_split"), ("slice", "reshape"), ("gather", "onehot"),
+                                  (False, True)))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -188,6 +195,59 @@ def test_patch_merging_slice_backward_runs_and_matches_reshape() -> None:
         np.testing.assert_array_equal(grad, expected.reshape(b, h * w, c))
 
 
+class _AddBias(ms.nn.Cell):
+    """x + b with b a parameter of x's trailing shape, plain (`add=None`) or through `AddBroadcast`."""
+
+    def __init__(self, shape: tuple[int, ...], add: ms.nn.Cell | None) -> None:
+        super().__init__()
+        self.b = ms.Parameter(Tensor(np.random.default_rng(1).standard_normal(shape).astype(np.float32)), name="b")
+        self.add = add
+
+    def construct(self, x: Tensor) -> Tensor:
+        return x + self.b if self.add is None else self.add(x, self.b)
+
+
+def _linear(custom_bprop: bool) -> Linear:
+    cell = Linear(8, 6, custom_bprop=custom_bprop)
+    cell.bias.set_data(Tensor(np.random.default_rng(2).standard_normal(6).astype(np.float32)))  # not the zero init
+    return cell
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda custom: ExactGELU(custom), (3, 5, 16)),
+    (lambda custom: LastAxisSoftmax(custom), (2, 3, 9, 9)),
+    (_linear, (2, 5, 8)),
+    (lambda custom: _AddBias((3, 9, 9), AddBroadcast() if custom else None), (4, 2, 3, 9, 9)),
+], ids=["gelu", "softmax", "linear", "add_broadcast"])
+def test_custom_bprop_cells_match_autodiff(make: Callable[[bool], ms.nn.Cell], shape: tuple[int, ...]) -> None:
+    """Each hand-written backward gives autodiff's input and parameter gradients, after the same forward."""
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal(shape).astype(np.float32) * 2)
+    native, custom = make(False), make(True)
+    load_state(custom, state_of(native))
+    upstream = None
+    results = []
+    for cell in (native, custom):
+        out = cell(x)
+        if upstream is None:
+            upstream = Tensor(rng.standard_normal(out.shape).astype(np.float32))  # d loss / d out, shared
+        params = cell.trainable_params()
+        grads = ms.grad(lambda t, cell=cell, dy=upstream: (cell(t) * dy).sum(), 0, params or None)(x)
+        gx, gp = grads if params else (grads, ())
+        results.append([out.asnumpy(), gx.asnumpy(), *(g.asnumpy() for g in gp)])
+    for ref, got in zip(*results):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+
+
+def test_exact_gelu_is_torchs_erf_formula() -> None:
+    """Forward of the custom GELU is x * 0.5 * (1 + erf(x / sqrt 2)), not the tanh approximation."""
+    import math
+
+    x = np.linspace(-6, 6, 97).astype(np.float32)
+    expected = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
+    np.testing.assert_allclose(ExactGELU(custom_bprop=True)(Tensor(x)).asnumpy(), expected, rtol=1e-6, atol=1e-7)
+
+
 def test_qkv_state_conversion_round_trip() -> None:
     state = state_of(micro(qkv="fused"))
     split = split_qkv(state)
@@ -200,22 +260,23 @@ def test_qkv_state_conversion_round_trip() -> None:
 
 @pytest.fixture(scope="module")
 def official_layout() -> tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
-    """The official formulation (fused qkv, slice merging, gather bias): input, weights, outputs and gradients."""
+    """The official formulation (fused qkv, slice merging, gather bias, autodiff): input, weights, outputs, grads."""
     ms.set_seed(0)
     x = Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32))
-    model = micro(qkv="fused", patch_merging="slice", rel_pos_bias="gather")
+    model = micro(qkv="fused", patch_merging="slice", rel_pos_bias="gather", custom_bprop=False)
     return x, state_of(model), outputs_and_grads(model, x)
 
 
-@pytest.mark.parametrize("qkv,merging,bias", SWITCHES[1:])
+@pytest.mark.parametrize("qkv,merging,bias,custom_bprop", SWITCHES[1:])
 def test_switch_combination_computes_the_official_function(
     official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
     qkv: str,
     merging: str,
     bias: str,
+    custom_bprop: bool,
 ) -> None:
     x, state, (ref_out, ref_gx, ref_gp) = official_layout
-    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias)
+    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop)
     load_state(model, split_qkv(state) if qkv == "split" else state)
     out, gx, gp = outputs_and_grads(model, x)
     gp = fuse_qkv(gp) if qkv == "split" else gp
@@ -294,6 +355,7 @@ def test_create_model_uses_the_yaml_and_lets_arguments_win() -> None:
     assert model.patch_embed.img_size == 64  # ${data.img_size} dropped: the variant's own default
     assert create_model("swin_micro").num_classes == 1000
     assert model_defaults("swin_tiny")["qkv"] == "split" and "img_size" not in model_defaults("swin_tiny")
+    assert model_defaults("swin_tiny")["custom_bprop"] is True
 
 
 def test_create_model_errors_name_the_problem() -> None:
@@ -311,8 +373,8 @@ def test_same_seed_gives_the_same_initial_weights_whatever_the_switches(qkv: str
         np.random.seed(11)
         return fuse_qkv({p.name: p.asnumpy() for p in micro(**switches).get_parameters()})
 
-    official = state(qkv="fused", patch_merging="slice", rel_pos_bias="gather")
-    variant = state(qkv=qkv, patch_merging="reshape", rel_pos_bias="onehot")
+    official = state(qkv="fused", patch_merging="slice", rel_pos_bias="gather", custom_bprop=False)
+    variant = state(qkv=qkv, patch_merging="reshape", rel_pos_bias="onehot", custom_bprop=True)
     assert official.keys() == variant.keys()
     for name in official:
         np.testing.assert_array_equal(official[name], variant[name], err_msg=name)

@@ -3,6 +3,8 @@
 Everything here is a faithful MindSpore port of the helpers in microsoft/Swin-Transformer
 (models/swin_transformer.py) and timm. Tensors are channels-last (B, H, W, C) inside the
 stages, as in the official code. The numpy helpers build the constants once at init.
+`Linear`, `ExactGELU`, `LastAxisSoftmax` and `AddBroadcast` compute the official function with an optional
+hand-written backward (`custom_bprop`), which is faster than MindSpore's autodiff kernels on CPU.
 """
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ from mindspore import Tensor, nn, ops
 from mindspore.common.initializer import Initializer
 
 __all__ = [
+    "AddBroadcast",
     "DropPath",
+    "ExactGELU",
+    "LastAxisSoftmax",
+    "Linear",
     "Mlp",
     "PatchEmbed",
     "TruncNormal",
@@ -55,20 +61,179 @@ class TruncNormal(Initializer):
         arr[...] = values
 
 
-def dense(in_features: int, out_features: int, has_bias: bool = True) -> nn.Dense:
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-written backward passes (`custom_bprop=True`).
+#
+# On MindSpore 2.10's CPU backend MatMul (oneDNN) and plain elementwise kernels are fast, but some gradients are
+# not (fwd+bwd timed in isolation, 2-core CPU): BiasAddGrad sums the rows of a (12544, 384) gradient in ~18 ms where
+# a ones-vector MatMul takes ~3 ms; autodiff of the exact GELU (MindSpore writes it as erf(x / sqrt 2) op by op)
+# adds a Div, a Pow, an Exp, a Neg and several Muls, ~25% more than GELU's own derivative; Softmax's backward
+# (a ReduceSum over a 4-D tensor) is ~25% slower than with a MatMul row sum. Each cell below is a parameterless
+# "function cell": it takes the weights as inputs (so its owner keeps the official parameter names), computes the
+# same forward, and has a `bprop` that sums over rows or columns with MatMuls and reuses forward intermediates:
+# the same gradients up to float rounding (tests/test_models.py). LayerNormGrad is slow as well, but a hand-written
+# LayerNorm backward needs ~9 elementwise passes and measured no faster in a Swin block, so it is not here.
+# The `bprop` bodies use only `self`'s methods and primitives and Tensor methods, no module globals: MindSpore's
+# O1 AMP (its `rewrite` module) copies a cell's bprop source into a generated module without this one's names.
+
+
+class _FnCell(nn.Cell):
+    """Base of the function cells: MatMul sums over rows and columns for their bprops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.matmul = ops.MatMul()
+        self.ones = ops.Ones()
+        self.reshape = ops.Reshape()
+
+    def row_sum(self, x: Tensor) -> Tensor:
+        """(R, C) -> (R, 1) sums over the last axis."""
+        return self.matmul(x, self.ones((x.shape[-1], 1), x.dtype))
+
+    def col_sum(self, x: Tensor) -> Tensor:
+        """(R, C) -> (C,) sums over the first axis."""
+        return self.reshape(self.matmul(self.ones((1, x.shape[0]), x.dtype), x), (x.shape[-1],))
+
+
+class _GeluFn(_FnCell):
+    """Exact GELU x * Phi(x), returning (y, Phi(x)) so the backward reuses Phi instead of differentiating erf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.erf = ops.Erf()
+        self.exp = ops.Exp()
+        self.sqrt1_2 = 0.7071067811865476  # 1/sqrt(2): PyTorch's exact GELU multiplies by it (M_SQRT1_2)
+        self.inv_sqrt_2pi = 0.3989422804014327  # 1/sqrt(2 pi): the standard normal density at 0
+
+    def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        cdf = (self.erf(x * self.sqrt1_2) + 1.0) * 0.5  # Phi(x), as torch: 0.5 * (1 + erf(x / sqrt 2))
+        return x * cdf, cdf
+
+    def bprop(self, x: Tensor, out: tuple, dout: tuple) -> tuple[Tensor]:
+        pdf = self.exp(x * x * -0.5) * self.inv_sqrt_2pi  # phi(x)
+        return (dout[0] * (out[1] + x * pdf),)  # d/dx x*Phi(x) = Phi(x) + x*phi(x)
+
+
+class ExactGELU(nn.GELU):
+    """Exact (erf) GELU, as PyTorch's default `nn.GELU()` of the official code; optionally `_GeluFn`'s backward.
+
+    A subclass of `nn.GELU`, so AMP cell lists that name `GELU` still apply.
+
+    Args:
+        custom_bprop: Use `_GeluFn` (forward as torch's formula, backward Phi + x*phi) instead of autodiff of
+            MindSpore's `gelu(approximate='none')`.
+    """
+
+    def __init__(self, custom_bprop: bool = False) -> None:
+        super().__init__(approximate=False)
+        self.fn = _GeluFn() if custom_bprop else None
+
+    def construct(self, x: Tensor) -> Tensor:
+        if self.fn is None:
+            return super().construct(x)
+        return self.fn(x)[0]
+
+
+class _SoftmaxFn(_FnCell):
+    """Softmax over the last axis; the backward y * dy - y * sum(y * dy) sums with a MatMul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.softmax = ops.Softmax(-1)
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.softmax(x)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        gy = dout * out
+        s = self.reshape(self.row_sum(self.reshape(gy, (-1, x.shape[-1]))), x.shape[:-1] + (1,))  # (..., 1)
+        return (gy - out * s,)
+
+
+class LastAxisSoftmax(nn.Softmax):
+    """`nn.Softmax` over the last axis; optionally with `_SoftmaxFn`'s backward.
+
+    A subclass of `nn.Softmax`, so AMP cell lists that name `Softmax` still apply.
+
+    Args:
+        custom_bprop: Use `_SoftmaxFn` instead of autodiff of the Softmax primitive.
+    """
+
+    def __init__(self, custom_bprop: bool = False) -> None:
+        super().__init__(axis=-1)
+        self.fn = _SoftmaxFn() if custom_bprop else None
+
+    def construct(self, x: Tensor) -> Tensor:
+        if self.fn is None:
+            return super().construct(x)
+        return self.fn(x)
+
+
+class AddBroadcast(_FnCell):
+    """x + b where b's shape is x's trailing shape; the gradient of b sums over the leading axes with a MatMul."""
+
+    def construct(self, x: Tensor, b: Tensor) -> Tensor:
+        return x + b
+
+    def bprop(self, x: Tensor, b: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor, Tensor]:
+        return dout, self.reshape(self.col_sum(self.reshape(dout, (-1, b.size))), b.shape)
+
+
+class _BiasAddFn(_FnCell):
+    """(x (R, out), bias (out,)) -> x + bias; the bias gradient sums over rows with a MatMul (not BiasAddGrad)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias_add = ops.BiasAdd()
+
+    def construct(self, x: Tensor, bias: Tensor) -> Tensor:
+        return self.bias_add(x, bias)
+
+    def bprop(self, x: Tensor, bias: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor, Tensor]:
+        return dout, self.col_sum(dout)
+
+
+class Linear(nn.Dense):
+    """`nn.Dense` (parameters `weight` (out, in), `bias`) on inputs of any rank; optionally `_BiasAddFn`'s backward.
+
+    A subclass, so AMP's white list (Dense in low precision under O1) still applies; the MatMul and its gradient
+    stay MindSpore's own.
+
+    Args:
+        in_features: Input width.
+        out_features: Output width.
+        has_bias: Whether to add a bias.
+        custom_bprop: Sum the bias gradient with a MatMul instead of BiasAddGrad.
+        weight_init: Initial weight (out, in); default trunc_normal(std=.02).
+    """
+
+    def __init__(self, in_features: int, out_features: int, has_bias: bool = True, custom_bprop: bool = False,
+                 weight_init: Initializer | Tensor | str | None = None) -> None:
+        weight_init = TruncNormal(INIT_STD) if weight_init is None else weight_init
+        super().__init__(in_features, out_features, weight_init=weight_init, bias_init="zeros", has_bias=has_bias)
+        self.bias_fn = _BiasAddFn() if custom_bprop and has_bias else None
+
+    def construct(self, x: Tensor) -> Tensor:
+        if self.bias_fn is None:
+            return super().construct(x)
+        shape = x.shape
+        y = self.bias_fn(self.matmul(ops.reshape(x, (-1, shape[-1])), self.weight), self.bias)  # (R, out)
+        return ops.reshape(y, shape[:-1] + (self.out_channels,))
+
+
+def dense(in_features: int, out_features: int, has_bias: bool = True, custom_bprop: bool = False) -> Linear:
     """A Linear layer with Swin's init: weight ~ trunc_normal(std=.02), bias zeros.
 
     Args:
         in_features: Input width.
         out_features: Output width; the weight has PyTorch's (out, in) layout.
         has_bias: Whether to add a bias.
+        custom_bprop: See `Linear`.
 
     Returns:
-        The initialised `nn.Dense`.
+        The initialised `Linear` (an `nn.Dense`).
     """
-    return nn.Dense(
-        in_features, out_features, weight_init=TruncNormal(INIT_STD), bias_init="zeros", has_bias=has_bias
-    )
+    return Linear(in_features, out_features, has_bias=has_bias, custom_bprop=custom_bprop)
 
 
 def window_partition(x: Tensor, window_size: int) -> Tensor:
@@ -216,13 +381,14 @@ class Mlp(nn.Cell):
         in_features: Input and output width.
         hidden_features: Width of the hidden layer (dim * mlp_ratio in Swin).
         drop: Dropout rate after the activation and after fc2.
+        custom_bprop: Hand-written backward passes for the Dense biases and GELU (see `Linear`, `ExactGELU`).
     """
 
-    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0) -> None:
+    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0, custom_bprop: bool = False) -> None:
         super().__init__()
-        self.fc1 = dense(in_features, hidden_features)
-        self.act = nn.GELU(approximate=False)
-        self.fc2 = dense(hidden_features, in_features)
+        self.fc1 = dense(in_features, hidden_features, custom_bprop=custom_bprop)
+        self.act = ExactGELU(custom_bprop)
+        self.fc2 = dense(hidden_features, in_features, custom_bprop=custom_bprop)
         self.drop = nn.Dropout(p=drop)
 
     def construct(self, x: Tensor) -> Tensor:

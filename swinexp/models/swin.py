@@ -11,6 +11,9 @@ Three switches select equivalent formulations of the same function (the ablation
   `fused_split` (one Dense, `ops.split` into three).
 - `patch_merging`: `slice` (strided slices + concat; official), `reshape` (reshape + transpose + reshape).
 - `rel_pos_bias`: `gather` (index the table; official), `onehot` (constant one-hot matrix @ table).
+
+A fourth, `custom_bprop`, keeps the forward and changes how gradients are computed: hand-written backward passes
+for GELU, softmax and the bias adds (layers.py) instead of MindSpore's autodiff kernels, which are slow on CPU.
 """
 from __future__ import annotations
 
@@ -24,7 +27,10 @@ from mindspore.common.initializer import initializer
 
 from swinexp.models.layers import (
     INIT_STD,
+    AddBroadcast,
     DropPath,
+    LastAxisSoftmax,
+    Linear,
     Mlp,
     PatchEmbed,
     TruncNormal,
@@ -65,6 +71,8 @@ class WindowAttention(nn.Cell):
         proj_drop: Dropout rate after the output projection.
         qkv: How q, k, v are projected, one of QKV_MODES (see the module docstring).
         rel_pos_bias: How the bias table is looked up, one of REL_POS_BIAS_MODES.
+        custom_bprop: Hand-written backward passes for the projections, the bias + mask add and the softmax
+            (see layers.py).
     """
 
     def __init__(
@@ -77,6 +85,7 @@ class WindowAttention(nn.Cell):
         proj_drop: float = 0.0,
         qkv: str = "fused",
         rel_pos_bias: str = "gather",
+        custom_bprop: bool = False,
     ) -> None:
         super().__init__()
         self.dim = dim
@@ -102,14 +111,19 @@ class WindowAttention(nn.Cell):
         qkv_weight = initializer(TruncNormal(INIT_STD), (3 * dim, dim)).init_data().asnumpy()
         if qkv == "split":
             self.q, self.k, self.v = (
-                nn.Dense(dim, dim, weight_init=Tensor(w), bias_init="zeros", has_bias=qkv_bias)
+                Linear(dim, dim, qkv_bias, custom_bprop, weight_init=Tensor(w))
                 for w in np.split(qkv_weight, 3))  # rows in q, k, v order, as the fused weight stores them
         else:
-            self.qkv = nn.Dense(dim, 3 * dim, weight_init=Tensor(qkv_weight), bias_init="zeros", has_bias=qkv_bias)
+            self.qkv = Linear(dim, 3 * dim, qkv_bias, custom_bprop, weight_init=Tensor(qkv_weight))
         self.attn_drop = nn.Dropout(p=attn_drop)
-        self.proj = dense(dim, dim)
+        self.proj = dense(dim, dim, custom_bprop=custom_bprop)
         self.proj_drop = nn.Dropout(p=proj_drop)
-        self.softmax = nn.Softmax(axis=-1)  # a cell, so AMP cell lists (keep softmax in fp32) can reach it
+        self.softmax = LastAxisSoftmax(custom_bprop)  # a cell, so AMP cell lists (keep softmax in fp32) can reach it
+        self.add_bias = AddBroadcast() if custom_bprop else None
+        # BatchMatMul primitives, not ops.matmul: the functional form differentiates through explicit Transposes
+        # (four per block), the primitive through BatchMatMuls with transpose flags; q @ k^T needs no k^T either
+        self.qk_matmul = ops.BatchMatMul(transpose_b=True)
+        self.av_matmul = ops.BatchMatMul()
 
     def _heads(self, x: Tensor) -> Tensor:
         b_, n, _ = x.shape
@@ -149,15 +163,24 @@ class WindowAttention(nn.Cell):
         """
         b_, n, c = x.shape
         q, k, v = self._project_qkv(x)  # 3 x (B_, heads, N, hd)
-        attn = ops.matmul(q * self.scale, ops.transpose(k, (0, 1, 3, 2)))  # (B_, heads, N, N)
-        attn = attn + ops.cast(self._relative_position_bias(), attn.dtype)  # broadcast over B_
-        if mask is not None:
-            nw = mask.shape[1]
-            attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
-            attn = attn + ops.cast(mask, attn.dtype)
-            attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
+        attn = self.qk_matmul(q * self.scale, k)  # (B_, heads, N, N)
+        if self.add_bias is None:
+            attn = attn + ops.cast(self._relative_position_bias(), attn.dtype)  # broadcast over B_
+            if mask is not None:
+                nw = mask.shape[1]
+                attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
+                attn = attn + ops.cast(mask, attn.dtype)
+                attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
+        else:
+            bias = self._relative_position_bias()  # (heads, N, N)
+            if mask is not None:
+                # one add of bias + mask, precombined per window: (nW, heads, N, N), not two of the big tensor
+                nw = mask.shape[1]
+                bias = ops.reshape(mask, (nw, 1, n, n)) + bias  # (nW, heads, N, N)
+                attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
+            attn = ops.reshape(self.add_bias(attn, ops.cast(bias, attn.dtype)), (b_, self.num_heads, n, n))
         attn = self.attn_drop(self.softmax(attn))
-        x = ops.transpose(ops.matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
+        x = ops.transpose(self.av_matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
         x = ops.reshape(x, (b_, n, c))  # (B_, N, C)
         return self.proj_drop(self.proj(x))
 
@@ -181,6 +204,7 @@ class SwinTransformerBlock(nn.Cell):
         drop_path: Stochastic depth rate of both residual branches.
         qkv: See WindowAttention.
         rel_pos_bias: See WindowAttention.
+        custom_bprop: Hand-written backward passes (see WindowAttention and layers.Mlp).
     """
 
     def __init__(
@@ -197,16 +221,18 @@ class SwinTransformerBlock(nn.Cell):
         drop_path: float = 0.0,
         qkv: str = "fused",
         rel_pos_bias: str = "gather",
+        custom_bprop: bool = False,
     ) -> None:
         super().__init__()
         self.dim = dim
         self.input_resolution = input_resolution
         self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
         self.norm1 = nn.LayerNorm((dim,), epsilon=1e-5)
-        self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias)
+        self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias,
+                                    custom_bprop)
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm((dim,), epsilon=1e-5)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop, custom_bprop)
         if self.shift_size > 0:
             mask = shifted_window_mask(input_resolution, input_resolution, self.window_size, self.shift_size)
             self.attn_mask = Tensor(mask[None, :, None])  # (1, nW, 1, N, N), broadcasts over batch and heads
@@ -317,6 +343,7 @@ class BasicLayer(nn.Cell):
         qkv: See WindowAttention.
         patch_merging: See PatchMerging.
         rel_pos_bias: See WindowAttention.
+        custom_bprop: See SwinTransformerBlock.
     """
 
     def __init__(
@@ -335,6 +362,7 @@ class BasicLayer(nn.Cell):
         qkv: str,
         patch_merging: str,
         rel_pos_bias: str,
+        custom_bprop: bool = False,
     ) -> None:
         super().__init__()
         self.blocks = nn.CellList(
@@ -352,6 +380,7 @@ class BasicLayer(nn.Cell):
                     drop_path=drop_path[i],
                     qkv=qkv,
                     rel_pos_bias=rel_pos_bias,
+                    custom_bprop=custom_bprop,
                 )
                 for i in range(depth)
             ]
@@ -388,6 +417,10 @@ class SwinTransformer(nn.Cell):
         qkv: q/k/v projection formulation, one of "fused", "split", "fused_split".
         patch_merging: Patch-merging formulation, one of "slice", "reshape".
         rel_pos_bias: Relative position bias lookup, one of "gather", "onehot".
+        custom_bprop: Hand-written backward passes for GELU, softmax, the Dense biases and the attention bias (sums
+            over an axis as MatMuls, GELU's derivative from its forward): the same function and gradients up to
+            float rounding, faster where MindSpore's gradient kernels for them are slow (its CPU backend). See
+            layers.py.
 
     Raises:
         ConfigError: If the arguments cannot build the official architecture; the message names the key.
@@ -413,6 +446,7 @@ class SwinTransformer(nn.Cell):
         qkv: str = "split",
         patch_merging: str = "reshape",
         rel_pos_bias: str = "gather",
+        custom_bprop: bool = True,
     ) -> None:
         super().__init__()
         depths, num_heads = _int_tuple("depths", depths), _int_tuple("num_heads", num_heads)
@@ -455,12 +489,14 @@ class SwinTransformer(nn.Cell):
                     qkv=qkv,
                     patch_merging=patch_merging,
                     rel_pos_bias=rel_pos_bias,
+                    custom_bprop=custom_bprop,
                 )
                 for i in range(self.num_layers)
             ]
         )
         self.norm = nn.LayerNorm((self.num_features,), epsilon=1e-5)
-        self.head = dense(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
+                     else nn.Identity())
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, in_chans, H, W) to normalised tokens (B, L, num_features) of the last stage."""
