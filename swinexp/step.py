@@ -119,7 +119,7 @@ class TrainStep:
         self.ema = self.params.clone(prefix="ema", init="same") if ema_decay is not None else None
         self._micro = 0  # micro-batches seen in the current window (host-side: it picks the function to call)
         grad_fn = ms.value_and_grad(self._forward_fn(model), None, self.params, has_aux=True)
-        apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed)
+        apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed, amp.loss_scale == "none")
         compile_ = ms.jit if jit else (lambda fn: fn)
         if accumulation_steps == 1:
             # no buffer at all: the update consumes this micro-batch's gradient directly
@@ -171,7 +171,7 @@ class TrainStep:
         return forward
 
     def _update_fn(self, optimizer: nn.Optimizer, clip_grad: float | None, ema_decay: float | None,
-                   distributed: bool) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+                   distributed: bool, unscaled: bool) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
         scaler, params, ema = self.scaler, self.params, self.ema
         if distributed:
             reduce_grads = nn.DistributedGradReducer(params, mean=True)
@@ -185,7 +185,8 @@ class TrainStep:
                 grads = reduce_grads(grads)  # mean over ranks, once per optimizer step
                 # a rank that dropped an overflowing micro-batch makes every rank skip, so weights stay equal
                 clean = all_sum(ops.cast(ops.logical_not(clean), ms.float32)) == 0
-            grads = scale_all(grads, 1.0 / (scale * count))
+            if not (unscaled and count == 1.0):  # decided when the graph is built: no pass of x1.0 over every grad
+                grads = scale_all(grads, 1.0 / (scale * count))
             finite = ops.logical_and(all_finite(grads), clean)
             norm = global_norm(grads)
             if finite:

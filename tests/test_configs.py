@@ -47,6 +47,8 @@ def test_yaml_mirrors_builder_parameters_one_to_one(group: str, option: str) -> 
 def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: str, option: str,
                                     tmp_path: Path) -> None:
     overrides, smoke = [f"{'+' if group == 'model/rewrites' else ''}{group}={option}"], True
+    if group == "model/formulation":  # chosen by the hardware presets, not directly
+        overrides = [f"hardware={ {'cpu': 'cpu', 'ascend': 'ascend8', 'gpu': 'gpu8'}[option] }"]
     if group == "experiment":
         smoke = False  # an experiment replaces the groups the smoke overrides would pin
         overrides.append("data.root=unused")  # composing needs no data
@@ -79,7 +81,7 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
     elif group == "experiment":  # a global preset: it must compose and its model must fit its data
         model = REGISTRIES["model"].build(node(cfg, "model"))
         assert model.num_classes == cfg.data.num_classes
-    elif group == "model/rewrites":  # a preset of model switches, merged into `model`
+    elif group in ("model/rewrites", "model/formulation"):  # a preset of model switches, merged into `model`
         preset = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
         assert all(cfg.model[k] == v for k, v in preset.items())
         assert REGISTRIES["model"].build(node(cfg, "model")) is not None
@@ -88,6 +90,18 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
         assert spec.num_classes == cfg.data.num_classes
     else:
         assert REGISTRIES[group].build(node(cfg, group)) is not None
+
+
+@pytest.mark.parametrize("preset,formulation", [("cpu", "cpu"), ("cpu2", "cpu"), ("ascend8", "ascend"),
+                                               ("ascend8x2", "ascend"), ("gpu8", "gpu")])
+def test_hardware_preset_picks_its_formulation_and_the_command_line_wins(
+        compose: Callable[..., DictConfig], preset: str, formulation: str) -> None:
+    switches = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "formulation" / f"{formulation}.yaml"))
+    cfg = compose(f"hardware={preset}")
+    assert {key: cfg.model[key] for key in switches} == switches
+    cfg = compose(f"hardware={preset}", "model.rel_pos_bias=onehot", "+model/rewrites=official")
+    assert (cfg.model.qkv, cfg.model.patch_merging, cfg.model.rel_pos_bias) == ("fused", "slice", "onehot")
+    assert cfg.model.custom_bprop == switches["custom_bprop"]
 
 
 def test_model_follows_the_data(compose: Callable[..., DictConfig]) -> None:

@@ -25,7 +25,7 @@ from swinexp.bench import data, overhead, peers, step
 from swinexp.bench.harness import compose, quiet_cell_teardown, release_compiled
 from swinexp.bench.host import NotEnoughMemory
 from swinexp.bench.options import Options
-from swinexp.bench.record import log_results
+from swinexp.bench.record import BenchRecorder
 from swinexp.bench.table import BenchResult
 from swinexp.bench.timing import progress
 from swinexp.registry import ConfigError
@@ -92,6 +92,17 @@ def _measure_group(opts: Options, group: int, out: Path) -> None:
     out.write_text(json.dumps({"measured": [asdict(m) for m in measured], "failed": failed}))
 
 
+def run_all(names: list[str], opts: Options, recorder: BenchRecorder | None) -> None:
+    """Run the sub-benchmarks in turn; print each table, and log it, as soon as it is done."""
+    for name in names:
+        result = BENCHMARKS[name](opts)
+        release_compiled()  # the next sub-benchmark gets the memory
+        if result is not None:
+            print(result.table.markdown() + "\n", flush=True)
+            if recorder is not None:
+                recorder.log(result)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sub-benchmarks, print each table to stdout (progress to stderr); 2 on a usage error."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -101,18 +112,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         hardware.apply(OmegaConf.to_object(compose(list(opts.overrides)).hardware), opts.seed)
         if args.json_out is not None:
             _measure_group(opts, args.group, args.json_out)
-            return 0
-        results = []
-        for name in names:
-            result = BENCHMARKS[name](opts)
-            release_compiled()  # the next sub-benchmark gets the memory
-            if result is not None:
-                print(result.table.markdown() + "\n", flush=True)
-                results.append(result)
-        if args.mlflow and results:
-            command = "python -m swinexp.bench " + shlex.join(argv)
-            run_id = log_results(results, opts, command, args.tracking_uri)
-            progress(f"logged to MLflow: experiment swinexp-bench, run {run_id}")
+        elif not args.mlflow:
+            run_all(names, opts, None)
+        else:
+            recorder = BenchRecorder(args.tracking_uri, names, opts, "python -m swinexp.bench " + shlex.join(argv))
+            progress(f"logging to MLflow: experiment swinexp-bench, run {recorder.run_id}")
+            status = "FAILED"
+            try:
+                run_all(names, opts, recorder)
+                status = "FINISHED"
+            except KeyboardInterrupt:
+                status = "KILLED"
+                raise
+            finally:
+                recorder.close(status)
     except (ConfigError, NotEnoughMemory, step.WorkerFailed) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

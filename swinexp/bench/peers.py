@@ -2,8 +2,8 @@
 
 Both models get the same architecture numbers from the composed model config, the same amp policy, our AdamW with
 the same no-decay groups (norms, biases, relative-position tables), the same soft-target loss and the same
-`make_train_step`, so the only difference timed is the model code. swinexp runs with all three rewrites on
-(qkv=split, patch_merging=reshape, rel_pos_bias=onehot): the formulation MindCV's Swin uses too.
+`make_train_step`, so the only difference timed is the model code. swinexp runs in the formulation its hardware
+preset chooses (conf/model/formulation; overrides such as model.rel_pos_bias=onehot change it), as training does.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ __all__ = ["MINDCV_ARGS", "SKIP_MESSAGE", "build_mindcv_swin", "mindcv_installed
 
 SKIP_MESSAGE = ("peers: skipped, MindCV is not installed. Install the benchmark extra with "
                 "pip install -e '.[bench]' (mindcv==0.3.0) and rerun.")
-REWRITES_ON = "+model/rewrites=all"
 # swinexp builder argument -> mindcv.models.swintransformer.SwinTransformer argument
 MINDCV_ARGS = {"img_size": "image_size", "patch_size": "patch_size", "in_chans": "in_chans",
                "num_classes": "num_classes", "embed_dim": "embed_dim", "depths": "depths", "num_heads": "num_heads",
@@ -55,7 +54,7 @@ def run(opts: Options) -> BenchResult | None:
         progress(SKIP_MESSAGE)
         return None
     cfg = compose([*opts.model_overrides("swin_tiny", 4, 224), f"data.num_classes={opts.num_classes}",
-                   "tracking=none", REWRITES_ON, *opts.overrides])
+                   "tracking=none", *opts.overrides])
     model_cfg = node(cfg, "model")
     total_steps = 1 + opts.warmup + opts.iters
     flops: list[int] = []  # forward FLOPs of one image, counted on swinexp's model (the same architecture)
@@ -83,7 +82,8 @@ def peers_table(timings: dict[str, Timing], cfg: DictConfig, flops: int, opts: O
     ref = timings[MINDCV].samples
     version = importlib.metadata.version("mindcv")
     formulation = {MINDCV: f"mindcv {version} `SwinTransformer` (separate q/k/v, one-hot bias, reshape merging)",
-                   SWINEXP: "swinexp `SwinTransformer`, qkv=split, patch_merging=reshape, rel_pos_bias=onehot"}
+                   SWINEXP: "swinexp `SwinTransformer`, " + ", ".join(
+                       f"{key}={cfg.model[key]}" for key in ("qkv", "patch_merging", "rel_pos_bias", "custom_bprop"))}
     rows, metrics = [], {}
     for name, timing in timings.items():
         s = timing.samples

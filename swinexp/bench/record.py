@@ -16,7 +16,7 @@ from swinexp.bench.table import BenchResult
 from swinexp.tracking import MlflowTracker, resolve_uri
 from swinexp.train import git_commit
 
-__all__ = ["EXPERIMENT", "log_results", "metric_name"]
+__all__ = ["EXPERIMENT", "BenchRecorder", "metric_name"]
 
 EXPERIMENT = "swinexp-bench"
 _NOT_IN_METRIC_NAMES = re.compile(r"[^A-Za-z0-9_\-./ ]")  # MLflow's allowed characters
@@ -27,28 +27,33 @@ def metric_name(key: str) -> str:
     return _NOT_IN_METRIC_NAMES.sub("_", key)
 
 
-def log_results(results: list[BenchResult], opts: Options, command: str, uri: str | None) -> str:
-    """One run in experiment `swinexp-bench` of the store at `uri` (None: ./mlflow.db, as training uses).
+class BenchRecorder:
+    """One run in experiment `swinexp-bench`; each sub-benchmark is logged as soon as it finishes, so a run cut
+    short keeps what was measured (and ends FAILED or KILLED).
 
-    Returns:
-        The run id.
+    Args:
+        uri: Tracking store; None means ./mlflow.db, as training uses.
+        names: The sub-benchmarks of this invocation (the run's name).
+        opts: Logged as params.
+        command: The command line, logged as a tag.
     """
-    tracker = MlflowTracker(resolve_uri(uri, Path.cwd()), EXPERIMENT)
-    tags = {"command": command, "mindspore": ms.__version__, "cpu": cpu_model(), "cores": str(os.cpu_count()),
-            "host": platform.node()}
-    if commit := git_commit():
-        tags["git_commit"] = commit
-    run_id = tracker.start(f"bench {' '.join(r.name for r in results)}"[:250], tags)
-    try:
-        tracker.log_params({key: value for key, value in asdict(opts).items() if value not in (None, (), "")})
-        tracker.log_metrics({metric_name(k): v for r in results for k, v in r.metrics.items()}, step=0)
+
+    def __init__(self, uri: str | None, names: list[str], opts: Options, command: str) -> None:
+        self.tracker = MlflowTracker(resolve_uri(uri, Path.cwd()), EXPERIMENT)
+        tags = {"command": command, "mindspore": ms.__version__, "cpu": cpu_model(), "cores": str(os.cpu_count()),
+                "host": platform.node()}
+        if commit := git_commit():
+            tags["git_commit"] = commit
+        self.run_id = self.tracker.start(f"bench {' '.join(names)}"[:250], tags)
+        self.tracker.log_params({key: value for key, value in asdict(opts).items() if value not in (None, (), "")})
+
+    def log(self, result: BenchResult) -> None:
+        """The result's figures as metrics (step 0) and its table as `bench_<name>.md`."""
+        self.tracker.log_metrics({metric_name(k): v for k, v in result.metrics.items()}, step=0)
         with tempfile.TemporaryDirectory() as tmp:
-            for result in results:
-                path = Path(tmp) / f"bench_{result.name}.md"
-                path.write_text(result.table.markdown() + "\n")
-                tracker.log_artifact(path)
-    except BaseException:
-        tracker.close("FAILED")
-        raise
-    tracker.close()
-    return run_id
+            path = Path(tmp) / f"bench_{result.name}.md"
+            path.write_text(result.table.markdown() + "\n")
+            self.tracker.log_artifact(path)
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.tracker.close(status)

@@ -35,12 +35,16 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "patch_merging=reshape": ("model.patch_merging=reshape",),
     "rel_pos_bias=onehot": ("model.rel_pos_bias=onehot",),
     "all three": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=onehot"),
+    "custom_bprop": ("model.custom_bprop=true",),
+    # conf/model/formulation/cpu.yaml, what hardware=cpu trains with
+    "cpu formulation": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
+                        "model.custom_bprop=true"),
     "amp=o2": ("amp=o2",),
     "amp=o1_manual": ("amp=o1_manual",),
 }
 DEFAULT_VARIANTS = tuple(PRESETS)
-# every variant starts from the official formulation in fp32; a variant's own overrides win over these
-BASE = ("+model/rewrites=official", "amp=o0", "tracking=none")
+# every variant starts from the official formulation with autodiff gradients in fp32; its own overrides win
+BASE = ("+model/rewrites=official", "model.custom_bprop=false", "amp=o0", "tracking=none")
 
 
 class WorkerFailed(RuntimeError):
