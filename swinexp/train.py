@@ -61,8 +61,8 @@ class JobInfo:
         """Overrides, host and process, sweep membership, chosen group options and the code's git commit."""
         tags = {"overrides": " ".join(self.overrides), "host": socket.gethostname(), "pid": str(os.getpid()),
                 **(self.sweep.tags() if self.sweep else {}),
-                **{f"choice.{k}": str(v) for k, v in self.choices.items()
-                   if v is not None and not k.startswith("hydra")}}
+                **{f"choice.{k.split('@')[0]}": str(v) for k, v in self.choices.items()  # no @package: MLflow
+                   if v is not None and not k.startswith("hydra")}}                    # rejects '@' in names
         if commit := git_commit():
             tags["git_commit"] = commit
         return tags

@@ -125,3 +125,16 @@ def test_profile_switch_writes_and_logs_a_top_ops_summary(compose: Callable[...,
     assert summary in logged
     text = summary.read_text()
     assert "MatMul" in text or "BatchMatMul" in text, text[:2000]  # real op names from the profiled steps
+
+
+def test_run_tags_name_group_choices_as_mlflow_accepts_them(tmp_path: Path) -> None:
+    """Nested defaults (hardware's model/formulation) come from Hydra as 'group@package'; MLflow rejects '@'."""
+    from mlflow.utils.validation import _validate_tag_name
+
+    choices = {"model": "swin_micro", "model/formulation@hardware.model.formulation": "cpu", "hardware": "cpu",
+               "hydra/launcher": "isolated"}
+    tags = JobInfo(run_dir=tmp_path, choices=choices).tags()
+    assert {k: v for k, v in tags.items() if k.startswith("choice.")} == {
+        "choice.model": "swin_micro", "choice.model/formulation": "cpu", "choice.hardware": "cpu"}
+    for key in tags:
+        _validate_tag_name(key)
