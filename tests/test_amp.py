@@ -68,11 +68,15 @@ def test_o1_manual_wrappers_cast_outputs_back_to_float16() -> None:
     assert net(_batch()[0]).asnumpy().dtype == np.float32  # the loss sees fp32 logits
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["pynative", "graph"])
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_a_few_steps_stay_finite(name: str) -> None:
+def test_a_few_steps_stay_finite(name: str, jit: bool) -> None:
+    """Each policy trains, eagerly and compiled, with the hand-written backward passes (custom_bprop) on."""
     policy = AMP_POLICIES.build({"name": name})
-    net = policy.apply(_micro())
-    step = make_train_step(net, adamw(net, 1e-3), policy, clip_grad=5.0, jit=False)
+    model = _micro()
+    assert any(getattr(cell, "bias_fn", None) is not None for _, cell in model.cells_and_names())  # custom_bprop
+    net = policy.apply(model)
+    step = make_train_step(net, adamw(net, 1e-3), policy, clip_grad=5.0, jit=jit)
     images, targets = _batch()
     outs = [step(images, targets) for _ in range(2)]
     assert all(np.isfinite(o.loss) and np.isfinite(o.grad_norm) and not o.overflow for o in outs)

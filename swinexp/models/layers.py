@@ -129,8 +129,9 @@ class ExactGELU(nn.GELU):
         self.fn = _GeluFn() if custom_bprop else None
 
     def construct(self, x: Tensor) -> Tensor:
+        # no super().construct: MindSpore's O1 rewrite copies construct into a subclass, where super() recurses
         if self.fn is None:
-            return super().construct(x)
+            return ops.gelu(x, approximate="none")
         return self.fn(x)[0]
 
 
@@ -164,8 +165,8 @@ class LastAxisSoftmax(nn.Softmax):
         self.fn = _SoftmaxFn() if custom_bprop else None
 
     def construct(self, x: Tensor) -> Tensor:
-        if self.fn is None:
-            return super().construct(x)
+        if self.fn is None:  # no super().construct (see ExactGELU)
+            return self.softmax(x)
         return self.fn(x)
 
 
@@ -214,10 +215,14 @@ class Linear(nn.Dense):
         self.bias_fn = _BiasAddFn() if custom_bprop and has_bias else None
 
     def construct(self, x: Tensor) -> Tensor:
-        if self.bias_fn is None:
-            return super().construct(x)
-        shape = x.shape
-        y = self.bias_fn(self.matmul(ops.reshape(x, (-1, shape[-1])), self.weight), self.bias)  # (R, out)
+        shape = x.shape  # no super().construct (see ExactGELU)
+        y = self.matmul(ops.reshape(x, (-1, shape[-1])), self.weight)  # (R, out)
+        if self.bias_fn is not None:
+            # an explicit cast, so that under amp o2/o3 its autodiff returns the fp32 parameter's gradient in fp32
+            # (a parameter handed to a hand-written bprop would get the fp16 gradient)
+            y = self.bias_fn(y, ops.cast(self.bias, y.dtype))
+        elif self.has_bias:
+            y = self.bias_add(y, self.bias)
         return ops.reshape(y, shape[:-1] + (self.out_channels,))
 
 

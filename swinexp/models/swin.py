@@ -176,7 +176,7 @@ class WindowAttention(nn.Cell):
             if mask is not None:
                 # one add of bias + mask, precombined per window: (nW, heads, N, N), not two of the big tensor
                 nw = mask.shape[1]
-                bias = ops.reshape(mask, (nw, 1, n, n)) + bias  # (nW, heads, N, N)
+                bias = ops.cast(ops.reshape(mask, (nw, 1, n, n)), bias.dtype) + bias  # (nW, heads, N, N)
                 attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
             attn = ops.reshape(self.add_bias(attn, ops.cast(bias, attn.dtype)), (b_, self.num_heads, n, n))
         attn = self.attn_drop(self.softmax(attn))
