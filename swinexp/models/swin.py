@@ -164,21 +164,15 @@ class WindowAttention(nn.Cell):
         b_, n, c = x.shape
         q, k, v = self._project_qkv(x)  # 3 x (B_, heads, N, hd)
         attn = self.qk_matmul(q * self.scale, k)  # (B_, heads, N, N)
-        if self.add_bias is None:
-            attn = attn + ops.cast(self._relative_position_bias(), attn.dtype)  # broadcast over B_
-            if mask is not None:
-                nw = mask.shape[1]
-                attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
-                attn = attn + ops.cast(mask, attn.dtype)
-                attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
-        else:
-            bias = self._relative_position_bias()  # (heads, N, N)
-            if mask is not None:
-                # one add of bias + mask, precombined per window: (nW, heads, N, N), not two of the big tensor
-                nw = mask.shape[1]
-                bias = ops.cast(ops.reshape(mask, (nw, 1, n, n)), bias.dtype) + bias  # (nW, heads, N, N)
-                attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
-            attn = ops.reshape(self.add_bias(attn, ops.cast(bias, attn.dtype)), (b_, self.num_heads, n, n))
+        bias = self._relative_position_bias()  # (heads, N, N)
+        if mask is not None:
+            # one add of bias + mask, precombined per window: (nW, heads, N, N), not two of the big tensor
+            nw = mask.shape[1]
+            bias = ops.cast(ops.reshape(mask, (nw, 1, n, n)), bias.dtype) + bias  # (nW, heads, N, N)
+            attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
+        bias = ops.cast(bias, attn.dtype)
+        attn = attn + bias if self.add_bias is None else self.add_bias(attn, bias)  # broadcast over B (and nW)
+        attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
         attn = self.attn_drop(self.softmax(attn))
         x = ops.transpose(self.av_matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
         x = ops.reshape(x, (b_, n, c))  # (B_, N, C)
