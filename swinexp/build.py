@@ -8,15 +8,15 @@ import numpy as np
 from mindspore import Tensor, nn
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp import hardware
 from swinexp.amp import AmpPolicy
 from swinexp.config import HardwareCfg, TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
 from swinexp.data.datasets import check_data_args
-from swinexp.launch import is_worker, rank, world_size
+from swinexp.engine.step import ACCUMULATE_ON
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
-from swinexp.step import ACCUMULATE_ON
+from swinexp.runtime import hardware
+from swinexp.runtime.launch import is_worker, rank, world_size
 from swinexp.tracking import Tracker
 
 

@@ -6,9 +6,8 @@ checked against the registered builder's signature instead, so every field is wr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
-
 from pathlib import Path
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf

@@ -8,9 +8,9 @@ from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy
 from swinexp.amp_report import compute_cells, compute_dtypes, drift_report, dtype_table
+from swinexp.engine.step import make_train_step
 from swinexp.optim import adamw
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
-from swinexp.step import make_train_step
 
 BLOCK = "layers.0.blocks.0"
 # (policy, {cell path: expected compute dtype}): the contract for each level

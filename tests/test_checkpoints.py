@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp import checkpoint, hardware
 from swinexp.build import build_experiment, node
+from swinexp.engine import checkpoint
+from swinexp.engine.resume import Progress, check_compatible, locate
 from swinexp.optim import adamw
 from swinexp.registry import MODELS, ConfigError
-from swinexp.resume import Progress, check_compatible, locate
+from swinexp.runtime import hardware
 from swinexp.train import NonFiniteLoss, fit
 
 

@@ -10,10 +10,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from swinexp import checkpoint
 from swinexp.build import node
 from swinexp.data import AUGMENTS, DATASETS, build_loaders
-from swinexp.evaluate import evaluate
+from swinexp.engine import checkpoint
+from swinexp.engine.evaluate import evaluate
 from swinexp.registry import MODELS
 from tests.conftest import ROOT, SMOKE
 

@@ -11,9 +11,10 @@ from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 
-from swinexp import REGISTRIES, hardware
+from swinexp import REGISTRIES
 from swinexp.build import build_experiment, node, trainer_cfg
 from swinexp.registry import ConfigError
+from swinexp.runtime import hardware
 from tests.conftest import CONF_DIR
 
 # Arguments the framework passes at build time rather than the YAML: they must not appear in the files.

@@ -14,11 +14,11 @@ from typing import Any, Callable
 import pytest
 from omegaconf import DictConfig
 
-from swinexp import hardware
 from swinexp.build import build_experiment
 from swinexp.config import HardwareCfg
 from swinexp.models import swin
 from swinexp.registry import DATASETS, MODELS, ConfigError
+from swinexp.runtime import hardware
 from tests.conftest import ROOT, SMOKE
 
 

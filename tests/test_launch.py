@@ -9,8 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from swinexp.config import HardwareCfg
-from swinexp.launch import failure_report, msrun_command, needs_launch
 from swinexp.registry import ConfigError
+from swinexp.runtime.launch import failure_report, msrun_command, needs_launch
 from tests.conftest import ROOT, SMOKE
 
 
@@ -68,11 +68,11 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
-    from swinexp import checkpoint
     from swinexp.build import node
     from swinexp.data import DATASETS, build_loaders
     from swinexp.data.transforms import EvalTransform
-    from swinexp.evaluate import evaluate
+    from swinexp.engine import checkpoint
+    from swinexp.engine.evaluate import evaluate
     from swinexp.registry import MODELS
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"

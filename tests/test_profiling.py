@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from swinexp import hardware
 from swinexp.config import HardwareCfg
+from swinexp.engine.profiling import StepProfiler, read_op_times
+from swinexp.engine.step import make_train_step
 from swinexp.models import create_model
 from swinexp.optim import adamw
-from swinexp.profiling import StepProfiler, read_op_times
 from swinexp.registry import AMP_POLICIES, ConfigError
-from swinexp.step import make_train_step
+from swinexp.runtime import hardware
 
 MICRO = {"img_size": 32, "num_classes": 10, "embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2],
          "drop_path_rate": 0.0}

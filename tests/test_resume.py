@@ -1,7 +1,6 @@
 """Kill, stop and resume real training processes: the resumed run ends exactly where an uninterrupted one does."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,8 +12,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from swinexp import checkpoint
-from swinexp.resume import RUN_ID_FILE, Progress
+from swinexp.engine import checkpoint
+from swinexp.engine.resume import RUN_ID_FILE, Progress
 from tests.conftest import ROOT, SMOKE
 
 pytestmark = pytest.mark.slow

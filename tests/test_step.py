@@ -9,8 +9,8 @@ import pytest
 from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy
+from swinexp.engine.step import StepOutput, clip_by_global_norm, global_norm, make_train_step
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
-from swinexp.step import StepOutput, clip_by_global_norm, global_norm, make_train_step
 
 
 def _dense() -> nn.Cell:

@@ -9,9 +9,10 @@ import pytest
 from mindspore import Tensor
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp import checkpoint, hardware
 from swinexp.build import build_experiment, node
+from swinexp.engine import checkpoint
 from swinexp.registry import MODELS
+from swinexp.runtime import hardware
 from swinexp.train import JobInfo, fit, run
 
 

@@ -13,8 +13,8 @@ from mindspore import Tensor
 from omegaconf import DictConfig
 from safetensors.numpy import load_file
 
-from swinexp import checkpoint
 from swinexp.build import node
+from swinexp.engine import checkpoint
 from swinexp.models import MODELS, SwinTransformer, create_model
 from swinexp.models.pretrained import assign, load_weights, model_state, read_weights
 from swinexp.optim import adamw

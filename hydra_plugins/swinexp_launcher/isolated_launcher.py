@@ -3,7 +3,7 @@
 MindSpore never frees a compiled graph, and its context is process-global: jobs that share a process inherit each
 other's graphs, memory and settings. Here each job is `python run.py <its overrides> hydra.run.dir=<its sweep
 subdir>`, so it starts clean; the sweep's MLflow parent run id reaches it through the environment (set by
-`swinexp.sweep.SweepCallback`), together with its job number.
+`swinexp.tracking.sweep.SweepCallback`), together with its job number.
 """
 
 import json

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from swinexp import hardware
 from swinexp.bench import data, overhead, peers, step
 from swinexp.bench.harness import compose, quiet_cell_teardown, release_compiled
 from swinexp.bench.host import NotEnoughMemory
@@ -29,6 +28,7 @@ from swinexp.bench.record import BenchRecorder
 from swinexp.bench.table import BenchResult
 from swinexp.bench.timing import progress
 from swinexp.registry import ConfigError
+from swinexp.runtime import hardware
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
     "step": step.run, "peers": peers.run, "data": data.run, "overhead": overhead.run}

@@ -14,11 +14,11 @@ from mindspore import Tensor, nn
 from omegaconf import DictConfig
 
 from swinexp.build import node, trainer_cfg
+from swinexp.engine.step import StepOutput, TrainStep, make_train_step
 from swinexp.models.factory import MODEL_CONF_DIR
 from swinexp.models.summary import summarize
 from swinexp.models.swin import SwinTransformer
 from swinexp.registry import AMP_POLICIES, OPTIMIZERS, SCHEDULERS
-from swinexp.step import StepOutput, TrainStep, make_train_step
 
 __all__ = ["CONF_DIR", "build_train_step", "compose", "forward_flops", "make_step_call", "quiet_cell_teardown",
            "random_batch", "release_compiled"]

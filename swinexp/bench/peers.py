@@ -21,8 +21,8 @@ from swinexp.bench.options import Options
 from swinexp.bench.table import BenchResult, Table
 from swinexp.bench.timing import Timing, progress, round_robin
 from swinexp.build import node
-from swinexp.hardware import set_seed
 from swinexp.registry import MODELS
+from swinexp.runtime.hardware import set_seed
 
 __all__ = ["MINDCV_ARGS", "SKIP_MESSAGE", "build_mindcv_swin", "mindcv_installed", "run"]
 

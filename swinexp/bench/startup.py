@@ -16,11 +16,11 @@ from collections.abc import Iterator, Sequence
 
 from omegaconf import OmegaConf
 
-from swinexp import hardware
 from swinexp.bench.harness import compose
 from swinexp.build import build_experiment
 from swinexp.data import Loader
-from swinexp.step import make_train_step
+from swinexp.engine.step import make_train_step
+from swinexp.runtime import hardware
 from swinexp.tracking import NullTracker
 
 __all__ = ["main"]

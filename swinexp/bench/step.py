@@ -1,7 +1,7 @@
 """`step`: the full train step of a model config per variant (rewrites, amp policies), round-robin in one process.
 
 Every variant is the same composed config plus its own Hydra overrides, built through the registries and run by
-`swinexp.step.make_train_step` exactly as training runs it (forward, soft-target loss, backward, loss-scaled AdamW
+`swinexp.engine.step.make_train_step` exactly as training runs it (forward, soft-target loss, backward, loss-scaled AdamW
 update). The reference (first) variant is the official formulation in fp32; the ratio column divides each
 variant's step time by the reference's measured in the same process.
 """
@@ -22,8 +22,8 @@ from swinexp.bench.options import Options
 from swinexp.bench.table import BenchResult, Table
 from swinexp.bench.timing import progress, round_robin
 from swinexp.build import node
-from swinexp.hardware import set_seed
 from swinexp.registry import MODELS, ConfigError
+from swinexp.runtime.hardware import set_seed
 
 __all__ = ["DEFAULT_VARIANTS", "PRESETS", "Measured", "Variant", "WorkerFailed", "measure", "parse_variant", "run",
            "split_groups", "step_table"]

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swinexp import checkpoint
+from swinexp.engine import checkpoint
 from swinexp.registry import ConfigError
 from swinexp.tracking import flatten
 

@@ -93,8 +93,8 @@ def failure_report(logs: Path) -> str:
 def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_dir: Path) -> str:
     """What a launch would do, without the hardware: msrun call per node, MindSpore settings, shard sizes."""
     from swinexp.build import node, trainer_cfg
-    from swinexp.hardware import context_summary
     from swinexp.registry import DATASETS
+    from swinexp.runtime.hardware import context_summary
 
     world = world_size(hw)
     data_cfg = {k: v for k, v in node(cfg, "data").items() if k != "augment"}

@@ -1,0 +1,1 @@
+"""The training engine: the loop, the jitted step, evaluation, checkpoints and resumption."""

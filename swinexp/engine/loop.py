@@ -1,0 +1,209 @@
+"""`fit(exp)`: the epoch loop around the jitted train step: evaluate, checkpoint and log after every epoch."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from mindspore import nn
+from tqdm import tqdm
+
+from swinexp.build import Experiment
+from swinexp.config import TrainerCfg
+from swinexp.engine import checkpoint
+from swinexp.engine.evaluate import evaluate, make_eval_step
+from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
+from swinexp.engine.step import TrainStep, make_train_step
+from swinexp.runtime import launch
+from swinexp.runtime.interrupt import Interrupted, stop_on_signals
+
+if TYPE_CHECKING:
+    from swinexp.engine.profiling import StepProfiler
+
+log = logging.getLogger("swinexp")
+
+
+class NonFiniteLoss(FloatingPointError):
+    """trainer.max_nonfinite losses in a row were not finite; the last good state was checkpointed."""
+
+
+def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | None = None,
+        config: dict | None = None) -> list[dict[str, float]]:
+    """Train for trainer.epochs, evaluating, checkpointing and logging after every epoch.
+
+    An epoch is `exp.steps_per_epoch` optimizer steps of `trainer.accumulation_steps` micro-batches each; the LR
+    schedule and every step counter count optimizer steps. With trainer.ema.decay set, the EMA weights are
+    evaluated too (val_ema/*). Every checkpoint holds the whole training state and a `Progress` record, and is
+    written before the epoch's metrics are logged, so a run resumed from it (`resume_from`) logs each epoch once.
+    SIGINT/SIGTERM finish the current optimizer step, checkpoint and raise `Interrupted`.
+
+    Returns:
+        The metrics of every epoch, in order (those before a resumption included).
+    """
+    trainer, model, optimizer = exp.trainer, exp.model, exp.optimizer
+    distributed, main_rank = launch.is_worker(), launch.rank() == 0
+    train_step = make_train_step(model, optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
+                                 trainer.accumulate_on, trainer.ema.decay, distributed)
+    eval_step = make_eval_step(model, jit)
+    progress = Progress(mlflow_run_id=exp.tracker.run_id or "", config=config or {})
+    if resume_from is not None:
+        checkpoint.load(resume_from.values, model, optimizer, train_step.state())
+        progress = replace(resume_from.progress, mlflow_run_id=progress.mlflow_run_id,
+                                       config=progress.config or resume_from.progress.config)
+        _relog_missing_epochs(exp, progress.history)
+        log.info("resumed from %s: epoch %d, %d batches done, optimizer step %d", resume_from.path,
+                 progress.epoch + 1, progress.batches_done, _optimizer_step(optimizer))
+    checkpointer = checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last)
+
+    def save(best: bool = False) -> None:
+        if main_rank:  # every rank holds the same weights; one copy on disk
+            meta = {PROGRESS_KEY: progress.to_json(), "epoch": progress.epoch,
+                    "mlflow_run_id": progress.mlflow_run_id}
+            checkpointer.save(_optimizer_step(optimizer), model, optimizer, meta, train_step.state(), best)
+
+    micro_batches = exp.steps_per_epoch * trainer.accumulation_steps
+    profiler = _profiler(trainer, run_dir)
+    with stop_on_signals() as stop:
+        while progress.epoch < trainer.epochs:
+            epoch = progress.epoch
+            model.set_train(True)
+            bar = tqdm(total=exp.steps_per_epoch, initial=progress.batches_done // trainer.accumulation_steps,
+                       desc=f"epoch {epoch + 1}/{trainer.epochs}", leave=False, dynamic_ncols=True,
+                       disable=not (trainer.progress_bar and main_rank))
+            start, nonfinite_run, lr = time.perf_counter() - progress.train_time_s, 0, float("nan")
+            batches = exp.train_loader.epoch(epoch, start_batch=progress.batches_done)
+            for images, targets in _limit(batches, micro_batches - progress.batches_done):
+                step_number = _optimizer_step(optimizer) + 1
+                if profiler:
+                    profiler.before_step(step_number)
+                out = train_step(images, targets)
+                progress.batches_done += 1
+                progress.losses.append(out.loss)
+                progress.seen += int(images.shape[0])
+                nonfinite_run = 0 if math.isfinite(out.loss) else nonfinite_run + 1
+                if not out.updated:
+                    continue
+                if profiler:
+                    profiler.after_step(step_number)
+                progress.overflow_steps += out.overflow
+                progress.loss_scale = out.loss_scale
+                if not out.overflow:
+                    progress.grad_norms.append(out.grad_norm)
+                bar.update()
+                # the LR of the last optimizer step taken (an overflow skip does not advance the optimizer)
+                lr = float(exp.lr_schedule[max(_optimizer_step(optimizer) - 1, 0)])
+                bar.set_postfix(loss=f"{out.loss:.4f}", lr=f"{lr:.2e}",
+                                img_s=f"{progress.seen / (time.perf_counter() - start):.1f}")
+                if nonfinite_run >= trainer.max_nonfinite:
+                    progress.train_time_s = time.perf_counter() - start
+                    save()  # the updates of non-finite steps were skipped: these are the last good weights
+                    raise NonFiniteLoss(
+                        f"the train loss was not finite for {nonfinite_run} micro-batches in a row (trainer."
+                        f"max_nonfinite={trainer.max_nonfinite}), up to epoch {epoch + 1}, batch "
+                        f"{progress.batches_done}, optimizer step {_optimizer_step(optimizer)} (amp {exp.amp.level}). "
+                        "The forward pass itself is not finite, which loss scaling cannot fix; the last good state is "
+                        f"checkpointed in {run_dir / 'checkpoints'}. Try amp=o1_manual or o0, a lower optimizer.lr, "
+                        "or trainer.clip_grad")
+                last_of_epoch = progress.batches_done == micro_batches
+                every = trainer.checkpoint.every_n_steps
+                if stop.signum is not None or (every and _optimizer_step(optimizer) % every == 0
+                                               and not last_of_epoch):
+                    progress.train_time_s = time.perf_counter() - start
+                    save()
+                    if stop.signum is not None:
+                        raise Interrupted(stop.signum)
+            bar.close()
+            metrics = _epoch_metrics(exp, train_step, eval_step, progress, time.perf_counter() - start, lr,
+                                     distributed)
+            best = metrics["val/top1"] > max((m["val/top1"] for m in progress.history), default=-math.inf)
+            progress.history.append(metrics)
+            progress.epoch += 1
+            progress.start_epoch()
+            save(best)
+            exp.tracker.log_metrics(metrics, step=epoch + 1)  # step 10 = end of the tenth epoch
+            _log_epoch(epoch, trainer.epochs, metrics)
+            if stop.signum is not None:
+                raise Interrupted(stop.signum)
+    if profiler and (summary := profiler.finish()) is not None:
+        exp.tracker.log_artifact(summary)
+        log.info("profile of the train step (top ops by time): %s", summary)
+    if distributed:  # a cheap cross-rank check that data parallelism kept the replicas identical
+        (run_dir / f"weights_rank{launch.rank()}.sha256").write_text(checkpoint.weights_digest(model) + "\n")
+    return progress.history
+
+
+def _optimizer_step(optimizer: nn.Optimizer) -> int:
+    return int(optimizer.global_step.asnumpy().reshape(-1)[0])
+
+
+def _epoch_metrics(exp: Experiment, train_step: TrainStep, eval_step, progress: Progress, train_time: float,
+                   lr: float, distributed: bool) -> dict[str, float]:
+    epoch, optimizer, eval_start = progress.epoch, exp.optimizer, time.perf_counter()
+    if math.isnan(lr):  # a resumed epoch whose last step was taken before the checkpoint
+        lr = float(exp.lr_schedule[max(_optimizer_step(optimizer) - 1, 0)])
+    val_batches = _limit(exp.val_loader.epoch(epoch), exp.trainer.limit_val_batches)
+    metrics = {"train/loss": float(np.mean(progress.losses)),
+               "train/grad_norm": float(np.mean(progress.grad_norms)) if progress.grad_norms else float("nan"),
+               "train/overflow_steps": float(progress.overflow_steps), "train/loss_scale": progress.loss_scale,
+               "train/optimizer_steps": float(_optimizer_step(optimizer)),
+               "train/total_batch": float(exp.total_batch), "lr": lr,
+               "train/images_per_s": progress.seen / train_time,
+               **evaluate(exp.model, val_batches, eval_step, distributed)}
+    if exp.trainer.ema.decay is not None:
+        train_step.swap_ema()  # evaluate the EMA weights with the same compiled eval step, then swap back
+        ema_batches = _limit(exp.val_loader.epoch(epoch), exp.trainer.limit_val_batches)
+        metrics.update({k.replace("val/", "val_ema/"): v
+                        for k, v in evaluate(exp.model, ema_batches, eval_step, distributed).items()})
+        train_step.swap_ema()
+    metrics["epoch_time_s"] = train_time + time.perf_counter() - eval_start
+    skipped = {"data/train_skipped_files": exp.train_loader.skipped_files,
+               "data/val_skipped_files": exp.val_loader.skipped_files}
+    metrics.update({k: float(v) for k, v in skipped.items()})
+    if any(skipped.values()):
+        log.warning("epoch %d: unreadable images were replaced by the next sample: %s (their names are in the "
+                    "warnings above)", epoch + 1, skipped)
+    return metrics
+
+
+def _log_epoch(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
+    log.info("epoch %d/%d  train/loss %.4f  val/loss %.4f  val/top1 %.2f  val/top5 %.2f  lr %.2e  "
+             "overflow %d  scale %g  %.1f s  %.1f img/s", epoch + 1, epochs, metrics["train/loss"],
+             metrics["val/loss"], metrics["val/top1"], metrics["val/top5"], metrics["lr"],
+             metrics["train/overflow_steps"], metrics["train/loss_scale"], metrics["epoch_time_s"],
+             metrics["train/images_per_s"])
+
+
+def _relog_missing_epochs(exp: Experiment, history: list[dict[str, float]]) -> None:
+    """Log the checkpoint's epochs that the tracker lacks (the run died between checkpoint and log); no duplicates."""
+    logged = exp.tracker.logged_steps("val/top1")
+    for epoch, metrics in enumerate(history, start=1):
+        if epoch not in logged:
+            exp.tracker.log_metrics(metrics, step=epoch)
+
+
+def _profiler(trainer: TrainerCfg, run_dir: Path) -> StepProfiler | None:
+    if not trainer.profile.enabled:
+        return None
+    from swinexp.engine.profiling import StepProfiler  # imports mindspore's profiler only when asked for
+
+    return StepProfiler(run_dir / "profile", trainer.profile.start_step, trainer.profile.num_steps)
+
+
+def _limit(batches, limit: int | None):
+    for index, batch in enumerate(batches):
+        if limit is not None and index >= limit:
+            return
+        yield batch
+
+
+def evaluate_only(exp: Experiment, jit: bool) -> dict[str, float]:
+    """One validation pass over the whole val set, logged at step 0 (before any training)."""
+    metrics = evaluate(exp.model, exp.val_loader.epoch(0), make_eval_step(exp.model, jit), launch.is_worker())
+    exp.tracker.log_metrics(metrics, step=0)
+    log.info("eval only  val/loss %.4f  val/top1 %.2f  val/top5 %.2f", metrics["val/loss"], metrics["val/top1"],
+             metrics["val/top5"])
+    return metrics

@@ -1,0 +1,1 @@
+"""The process runtime: MindSpore context and seeds, msrun launch, signals."""
