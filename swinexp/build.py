@@ -81,6 +81,11 @@ def build_model(cfg: DictConfig) -> nn.Cell:
         raise ConfigError(f"{err}. model.{key} follows {written[key]}: change that key instead") from err
 
 
+def build_tracker(cfg: DictConfig) -> Tracker:
+    """The experiment tracker of `cfg.tracking` (MLflow or none)."""
+    return TRACKERS.build(node(cfg, "tracking"))
+
+
 def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experiment:
     """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first.
 
@@ -95,7 +100,7 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
     data_cfg = node(cfg, "data")
     augment_cfg = data_cfg.pop("augment", None) or {"name": "none"}
     check_data_args(data_cfg)  # reads no file: a wrong root fails before the model costs seconds to build
-    tracker = tracker if tracker is not None else TRACKERS.build(node(cfg, "tracking"))
+    tracker = tracker if tracker is not None else build_tracker(cfg)
     model = amp.apply(build_model(cfg))
     spec = DATASETS.build(data_cfg)
     head = getattr(model, "num_classes", spec.num_classes)

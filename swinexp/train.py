@@ -14,11 +14,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from swinexp import amp_report
-from swinexp.build import Experiment, build_experiment, node
+from swinexp.build import Experiment, build_experiment, build_tracker, node
 from swinexp.config import HardwareCfg
 from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
-from swinexp.registry import TRACKERS
 from swinexp.runtime import hardware, launch
 from swinexp.runtime.interrupt import Interrupted
 from swinexp.tracking import NullTracker, flatten
@@ -111,7 +110,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     if resume_from is not None:
         check_compatible(resume_from.progress.config, config)
     run_id = (resume_from.progress.mlflow_run_id or None) if resume_from else saved_run_id(job.run_dir)
-    tracker = TRACKERS.build(node(cfg, "tracking")) if launch.rank() == 0 else NullTracker()
+    tracker = build_tracker(cfg) if launch.rank() == 0 else NullTracker()
     tracker.start(job.run_name()[:250], job.tags(), run_id=run_id)
     if launch.rank() == 0:
         remember_run_id(job.run_dir, tracker.run_id)
