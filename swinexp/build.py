@@ -1,6 +1,7 @@
 """The only DictConfig -> objects boundary: `build_experiment(cfg)` returns plain Python objects."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +79,9 @@ def build_model(cfg: DictConfig) -> nn.Cell:
         if not followed:
             raise
         key = followed[0]
-        raise ConfigError(f"{err}. model.{key} follows {written[key]}: change that key instead") from err
+        source = re.search(r"data\.[\w.]+", str(written[key]))
+        raise ConfigError(f"{err}. model.{key} follows {source.group(0) if source else written[key]}: change that "
+                          "key instead") from err
 
 
 def build_tracker(cfg: DictConfig) -> Tracker:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
 
@@ -61,11 +61,19 @@ class HardwareCfg:
     jit_level: Optional[str] = None             # MindSpore graph kernel level O0/O1/O2; null = backend default
     num_devices: int = 1                        # worker processes per node
     num_nodes: int = 1
-    dataset_sink: bool = False                  # feed batches through a device queue (Ascend/GPU); off on CPU
     master_addr: str = "127.0.0.1"              # msrun scheduler host: node 0's address on a cluster
     master_port: int = 8118                     # msrun scheduler port, the same on every node
     node_rank: int = 0                          # this node's index, 0..num_nodes-1 (set per node)
     log_dir: Optional[str] = None               # msrun worker logs; null = <run dir>/msrun
+
+
+def load_option(group_dir: Path, name: str) -> DictConfig:
+    """`<group_dir>/<name>.yaml` merged over the sibling options its `defaults:` list extends (e.g. `- base_swin`),
+    as Hydra composes it; for code that needs one option's values outside a composed run (create_model, the bench).
+    """
+    node = OmegaConf.load(group_dir / f"{name}.yaml")
+    bases = [entry for entry in node.pop("defaults", []) if entry != "_self_"]
+    return OmegaConf.merge(*(load_option(group_dir, base) for base in bases), node)
 
 
 def register_resolvers() -> None:

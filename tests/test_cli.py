@@ -41,7 +41,7 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
     out = _run("--cfg", "job", "model=swin_tiny", cwd=tmp_path)
     cfg = OmegaConf.create(out.stdout)
     assert cfg.model.name == "swin_tiny" and cfg.model.depths == [2, 2, 6, 2]
-    assert "num_classes: ${data.num_classes}" in out.stdout  # the model follows the data
+    assert "num_classes: ${oc.select:data.num_classes,1000}" in out.stdout  # the model follows the data
 
 
 def test_config_error_is_one_clear_line_and_nonzero(tmp_path: Path) -> None:

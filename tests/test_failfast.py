@@ -90,7 +90,7 @@ def test_image_size_that_no_window_fits_names_the_data_key(compose: Callable[...
     # swin_micro, patch 4, window 4: 48 px gives 12x12 then 6x6 maps, and 6 is neither <= 4 nor a multiple of 4
     with pytest.raises(ConfigError, match=r"model.img_size=48 does not fit patch_size=4, window_size=4 and 2 stages.*"
                                           r"Nearest valid model.img_size: 32 or 64. "
-                                          r"model.img_size follows \$\{data.img_size\}: change that key instead"):
+                                          r"model.img_size follows data.img_size: change that key instead"):
         build_experiment(compose("data.img_size=48"))
 
 

@@ -9,8 +9,9 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor
+from omegaconf import OmegaConf
 
-from swinexp.models import MODELS, SWIN_VARIANTS, SwinTransformer
+from swinexp.models import MODELS, SWIN_SIZES, SwinTransformer
 from swinexp.models.convert import fuse_qkv, split_qkv
 from swinexp.models.factory import create_model, model_defaults
 from swinexp.models.layers import (
@@ -27,6 +28,7 @@ from swinexp.models.layers import (
 )
 from swinexp.models.swin import merge_2x2_reshape, merge_2x2_slice
 from swinexp.registry import ConfigError
+from tests.conftest import CONF_DIR
 
 # (qkv, patch_merging, rel_pos_bias, custom_bprop); the first is the official formulation with autodiff gradients
 SWITCHES = list(itertools.product(("fused", "split", "fused_split"), ("slice", "reshape"), ("gather", "onehot"),
@@ -315,15 +317,17 @@ def test_tiny_rejects_image_size_that_breaks_a_stage() -> None:
         MODELS.get("swin_tiny")(img_size=100)
 
 
-def test_variants_are_registered_with_their_defaults_in_the_signature() -> None:
-    for name, defaults in SWIN_VARIANTS.items():
+def test_sizes_are_registered_with_their_yaml_values_in_the_signature() -> None:
+    for name in SWIN_SIZES:
         builder = MODELS.get(name)
         assert builder.__name__ == name
         params = inspect.signature(builder).parameters
         assert list(params) == [*inspect.signature(SwinTransformer).parameters, "pretrained"]
         assert params["pretrained"].default is None
-        assert all(params[k].default == v for k, v in defaults.items()), name
-    assert inspect.signature(MODELS.get("swin_tiny")).parameters["drop_path_rate"].default == 0.2
+    tiny = inspect.signature(MODELS.get("swin_tiny")).parameters
+    assert (tiny["drop_path_rate"].default, tiny["depths"].default, tiny["embed_dim"].default) == (0.2, [2, 2, 6, 2], 96)
+    base_384 = inspect.signature(MODELS.get("swin_base_384")).parameters
+    assert (base_384["img_size"].default, base_384["window_size"].default) == (384, 12)
 
 
 def test_builder_overrides_win_and_typos_fail_through_the_registry() -> None:
@@ -340,22 +344,23 @@ def test_accepts_omegaconf_lists() -> None:
     assert len(model.layers) == 2 and len(model.layers[0].blocks) == 1
 
 
-@pytest.mark.parametrize("name", sorted(SWIN_VARIANTS))
-def test_model_yaml_values_equal_the_builder_defaults(name: str) -> None:
-    # create_model reads the YAML, MODELS.build(cfg.model) the composed config: both must build the same model
-    defaults = {k: v.default for k, v in inspect.signature(MODELS.get(name)).parameters.items()}
-    for key, value in model_defaults(name).items():
-        assert value == (list(defaults[key]) if isinstance(defaults[key], tuple) else defaults[key]), (name, key)
+@pytest.mark.parametrize("name", SWIN_SIZES)
+def test_model_yaml_holds_only_what_differs_from_its_base(name: str) -> None:
+    # the numbers of a size live in its five-line file, once; everything shared lives in base_swin.yaml
+    own = set(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")) - {"defaults", "name"}
+    assert {"embed_dim", "depths", "num_heads", "drop_path_rate"} <= own
+    assert own <= {"embed_dim", "depths", "num_heads", "drop_path_rate", "window_size", "img_size"}
 
 
 def test_create_model_uses_the_yaml_and_lets_arguments_win() -> None:
     model = create_model("swin_micro", num_classes=3, qkv="fused", embed_dim=16, num_heads=[1, 2])
     assert model.num_classes == 3 and model.embed_dim == 16
     assert model.layers[0].blocks[0].attn.qkv_mode == "fused"
-    assert model.patch_embed.img_size == 64  # ${data.img_size} dropped: the variant's own default
+    assert model.patch_embed.img_size == 64  # not following any data: the size's own default
     assert create_model("swin_micro").num_classes == 1000
-    assert model_defaults("swin_tiny")["qkv"] == "split" and "img_size" not in model_defaults("swin_tiny")
-    assert model_defaults("swin_tiny")["custom_bprop"] is True
+    official = create_model("swin_tiny", num_classes=0).layers[0].blocks[0].attn
+    assert official.qkv_mode == "fused" and model_defaults("swin_tiny")["img_size"] == 224
+    assert (model_defaults("swin_tiny")["patch_merging"], model_defaults("swin_tiny")["custom_bprop"]) == ("slice", False)
 
 
 def test_create_model_errors_name_the_problem() -> None:

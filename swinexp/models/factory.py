@@ -7,6 +7,7 @@ from typing import Any
 from mindspore import nn
 from omegaconf import OmegaConf
 
+from swinexp.config import load_option
 from swinexp.registry import MODELS, ConfigError
 
 __all__ = ["MODEL_CONF_DIR", "create_model", "model_defaults"]
@@ -15,10 +16,10 @@ MODEL_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
 
 
 def model_defaults(name: str) -> dict[str, Any]:
-    """The builder kwargs of `conf/model/<name>.yaml`, without `name` and without `${data...}` interpolations.
+    """The builder kwargs of `conf/model/<name>.yaml` (over the base it extends), without `name`.
 
-    Interpolated keys (`img_size`, `num_classes` follow the data in a run) fall back to the builder's defaults or
-    the caller's arguments.
+    Keys that follow the data in a run (`img_size`, `num_classes`: `${oc.select:data.img_size,224}`) take the
+    size's own default, the value after the comma.
 
     Args:
         name: A registered model name.
@@ -33,9 +34,8 @@ def model_defaults(name: str) -> dict[str, Any]:
     path = MODEL_CONF_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"model '{name}' is registered but {path} is missing; add it (see conf/model/swin_tiny.yaml)")
-    node = OmegaConf.load(path)
-    values = OmegaConf.to_container(node, resolve=False)
-    return {k: v for k, v in values.items() if k != "name" and not OmegaConf.is_interpolation(node, k)}
+    values = OmegaConf.to_container(load_option(MODEL_CONF_DIR, name), resolve=True)
+    return {k: v for k, v in values.items() if k != "name"}
 
 
 def create_model(name: str, pretrained: str | None = None, num_classes: int = 1000, **overrides: Any) -> nn.Cell:

@@ -1,8 +1,8 @@
 """Swin Transformer (Liu et al. 2021), a faithful MindSpore port of microsoft/Swin-Transformer.
 
-Layout follows timm: attention -> block -> merging -> stage -> model, then the size variants as a table and
-their registered builders (which load `pretrained` weights; name conversion lives in convert.py). Parameter
-names match the official PyTorch state dict name by name, with MindSpore's LayerNorm `gamma`/`beta` for
+Layout follows timm: attention -> block -> merging -> stage -> model, then the registered size builders, whose
+numbers live in conf/model/<size>.yaml (they load `pretrained` weights; name conversion lives in convert.py).
+Parameter names match the official PyTorch state dict name by name, with MindSpore's LayerNorm `gamma`/`beta` for
 PyTorch's `weight`/`bias`.
 
 Three switches select equivalent formulations of the same function (the ablations of this project):
@@ -17,6 +17,7 @@ for GELU, softmax and the bias adds (layers.py) instead of MindSpore's autodiff 
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
@@ -46,7 +47,7 @@ from swinexp.models.pretrained import load_pretrained
 from swinexp.registry import MODELS, ConfigError
 
 __all__ = [
-    "SWIN_VARIANTS",
+    "SWIN_SIZES",
     "BasicLayer",
     "PatchMerging",
     "SwinTransformer",
@@ -434,13 +435,13 @@ class SwinTransformer(nn.Cell):
         qkv_bias: bool = True,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.1,
+        drop_path_rate: float = 0.2,
         ape: bool = False,
         patch_norm: bool = True,
-        qkv: str = "split",
-        patch_merging: str = "reshape",
+        qkv: str = "fused",
+        patch_merging: str = "slice",
         rel_pos_bias: str = "gather",
-        custom_bprop: bool = True,
+        custom_bprop: bool = False,
     ) -> None:
         super().__init__()
         depths, num_heads = _int_tuple("depths", depths), _int_tuple("num_heads", num_heads)
@@ -591,56 +592,40 @@ def _validate(
     )
 
 
-# Size variants as data (official configs/swin/*.yaml); user overrides win in the builders.
-SWIN_VARIANTS: dict[str, dict[str, Any]] = {
-    # tiny debug model for CPU tests: 16x16 then 8x8 maps, 4x4 windows
-    "swin_micro": dict(img_size=64, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=4,
-                       drop_path_rate=0.1),
-    "swin_tiny": dict(img_size=224, patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
-                      window_size=7, drop_path_rate=0.2),
-    "swin_small": dict(img_size=224, patch_size=4, embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24),
-                       window_size=7, drop_path_rate=0.3),
-    "swin_base": dict(img_size=224, patch_size=4, embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
-                      window_size=7, drop_path_rate=0.5),
-    # only released as ImageNet-22k pretrain / 22k->1k fine-tune; both official configs use 0.2
-    "swin_large": dict(img_size=224, patch_size=4, embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48),
-                       window_size=7, drop_path_rate=0.2),
-    # swin_base_patch4_window12_384_finetune.yaml
-    "swin_base_384": dict(img_size=384, patch_size=4, embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
-                          window_size=12, drop_path_rate=0.5),
-}  # fmt: skip
+class SwinVariant:
+    """The registered builder of one Swin size: `name(pretrained=None, **overrides) -> SwinTransformer`.
 
-
-def _variant(name: str) -> Callable[..., SwinTransformer]:
-    """Register a builder `name(pretrained=None, **overrides)` with this variant's defaults in its signature.
-
-    The signature is SwinTransformer's plus `pretrained`, a weight file loaded after init (see
-    pretrained.load_pretrained), so the registry checks config keys against it and conf/model mirrors it.
+    Its defaults are those of `conf/model/<name>.yaml` (over `base_swin.yaml`), the one source of each size's
+    numbers; they are read on first use, so the registry checks config keys against SwinTransformer's parameters
+    plus `pretrained`, with this size's values as the defaults. `pretrained` is a weight file loaded after init
+    (see pretrained.load_pretrained).
     """
-    defaults = SWIN_VARIANTS[name]
 
-    def builder(pretrained: str | None = None, **overrides: Any) -> SwinTransformer:
-        model = SwinTransformer(**{**defaults, **overrides})
+    def __init__(self, name: str) -> None:
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = f"Build {name} with the defaults of conf/model/{name}.yaml; keyword arguments win."
+
+    @functools.cached_property
+    def defaults(self) -> dict[str, Any]:
+        from swinexp.models.factory import model_defaults  # factory reads the YAML; it imports the registry only
+
+        return {k: v for k, v in model_defaults(self.__name__).items() if k != "pretrained"}
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        params = list(inspect.signature(SwinTransformer.__init__).parameters.values())[1:]  # drop self
+        params = [p.replace(kind=p.KEYWORD_ONLY, default=self.defaults.get(p.name, p.default)) for p in params]
+        weights = inspect.Parameter("pretrained", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                    annotation="str | None")
+        return inspect.Signature([*params, weights], return_annotation=SwinTransformer)
+
+    def __call__(self, pretrained: str | None = None, **overrides: Any) -> SwinTransformer:
+        model = SwinTransformer(**{**self.defaults, **overrides})
         if pretrained:
             load_pretrained(model, pretrained)
         return model
 
-    params = list(inspect.signature(SwinTransformer.__init__).parameters.values())[1:]  # drop self
-    params = [p.replace(kind=p.KEYWORD_ONLY, default=defaults.get(p.name, p.default)) for p in params]
-    file_param = inspect.Parameter("pretrained", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                   annotation="str | None")  # fmt: skip
-    builder.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [*params, file_param], return_annotation=SwinTransformer
-    )
-    builder.__name__ = builder.__qualname__ = name
-    builder.__doc__ = (f"Build {name} ({', '.join(f'{k}={v}' for k, v in defaults.items())}); kwargs override; "
-                       "`pretrained` is a .ckpt, timm .safetensors or official .pth loaded after init.")
-    return MODELS.register(name)(builder)
 
-
-swin_micro = _variant("swin_micro")
-swin_tiny = _variant("swin_tiny")
-swin_small = _variant("swin_small")
-swin_base = _variant("swin_base")
-swin_large = _variant("swin_large")
-swin_base_384 = _variant("swin_base_384")
+SWIN_SIZES = ("swin_micro", "swin_tiny", "swin_small", "swin_base", "swin_large", "swin_base_384")
+for _name in SWIN_SIZES:
+    MODELS.register(_name)(SwinVariant(_name))

@@ -71,8 +71,7 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
 def context_summary(hw: HardwareCfg) -> dict[str, object]:
     """The MindSpore settings `apply` makes, for dry runs and logs."""
     summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
-                                  "jit_level": hw.jit_level or "backend default",
-                                  "dataset_sink": hw.dataset_sink}
+                                  "jit_level": hw.jit_level or "backend default"}
     if hw.num_devices * hw.num_nodes > 1:
         summary.update({"communication": {"CPU": "MindSpore collective", "GPU": "NCCL", "Ascend": "HCCL"}[
             hw.device_target], "parallel_mode": "DATA_PARALLEL", "gradients_mean": True,
