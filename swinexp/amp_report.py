@@ -1,13 +1,13 @@
 """What an AMP policy does to the network: a per-cell compute-dtype table and a precision drift report.
 
-`python run.py amp=o1_manual +inspect=amp` prints `dtype_table`; `+inspect=drift` prints `drift_report` (fp32 vs
+`python run.py amp=o1_manual inspect=amp` prints `dtype_table`; `inspect=drift` prints `drift_report` (fp32 vs
 the policy on the same weights and batch, per stage/block). `inspect(cfg)` is that entry point; `artifacts(...)`
 gives both texts for a training run to save.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Iterator
 
 import mindspore as ms
 import numpy as np
@@ -15,8 +15,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import DictConfig
 
 from swinexp.amp import AmpPolicy
-from swinexp.build import build_experiment, node
-from swinexp.registry import AMP_POLICIES, MODELS, TRACKERS, ConfigError
+from swinexp.build import build_amp, build_experiment, build_model
+from swinexp.registry import ConfigError
+from swinexp.tracking import NullTracker
 
 INSPECTIONS = ("amp", "drift")
 _FLAG_DTYPES = (("fp16", "float16"), ("bf16", "bfloat16"), ("fp32", "float32"))
@@ -138,30 +139,29 @@ def _copy_weights(source: nn.Cell, target: nn.Cell) -> None:
     ms.load_param_into_net(target, values, strict_load=True)
 
 
-def artifacts(model_cfg: dict[str, Any], model: nn.Cell, policy: AmpPolicy, images: Tensor) -> dict[str, str]:
+def artifacts(reference: nn.Cell, model: nn.Cell, policy: AmpPolicy, images: Tensor) -> dict[str, str]:
     """{file name: text} for a run to save: the dtype table and the drift report of `model` vs fp32.
 
     Args:
-        model_cfg: the resolved `model` config node (builds the fp32 twin).
-        model: the AMP-cast model of the run, before training (its weights are copied into the twin).
+        reference: an fp32 build of the same model config (`build.build_model(cfg)`); it gets `model`'s weights.
+        model: the AMP-cast model of the run, before training.
         policy: the run's AMP policy.
         images: one batch from the data, fp32.
     """
-    reference = MODELS.build(model_cfg)
     _copy_weights(model, reference)
     return {"amp_dtypes.txt": dtype_table(model, policy),
             "amp_drift.txt": drift_report(reference, model, policy, images)}
 
 
 def inspect(cfg: DictConfig) -> str:
-    """The text `+inspect=amp|drift` prints; needs the hardware context applied (hardware.apply) first."""
+    """The text `inspect=amp|drift` prints; needs the hardware context applied (hardware.apply) first."""
     what = cfg.get("inspect")
     if what not in INSPECTIONS:
         raise ConfigError(f"inspect={what} is not valid; choose one of: {', '.join(INSPECTIONS)}, "
-                          f"e.g. python run.py amp=o2 +inspect=drift")
+                          f"e.g. python run.py amp=o2 inspect=drift")
     if what == "amp":  # no data needed: build only the model and the policy
-        policy = AMP_POLICIES.build(node(cfg, "amp"))
-        return dtype_table(policy.apply(MODELS.build(node(cfg, "model"))), policy)
-    exp = build_experiment(cfg, tracker=TRACKERS.build({"name": "none"}))  # an inspection is not a tracked run
+        policy = build_amp(cfg)
+        return dtype_table(policy.apply(build_model(cfg)), policy)
+    exp = build_experiment(cfg, tracker=NullTracker())  # an inspection is not a tracked run
     images, _ = next(iter(exp.val_loader.epoch(0)))
-    return artifacts(node(cfg, "model"), exp.model, exp.amp, images)["amp_drift.txt"]
+    return artifacts(build_model(cfg), exp.model, exp.amp, images)["amp_drift.txt"]

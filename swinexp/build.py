@@ -84,25 +84,80 @@ def build_model(cfg: DictConfig) -> nn.Cell:
                           "key instead") from err
 
 
+def hardware_cfg(cfg: DictConfig) -> HardwareCfg:
+    """The validated `cfg.hardware` (mode, device target, process counts)."""
+    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
+    hardware.validate(hw)
+    return hw
+
+
+def build_amp(cfg: DictConfig) -> AmpPolicy:
+    """The precision policy of `cfg.amp`; invalid combinations are rejected here."""
+    return AMP_POLICIES.build(node(cfg, "amp"))
+
+
 def build_tracker(cfg: DictConfig) -> Tracker:
     """The experiment tracker of `cfg.tracking` (MLflow or none)."""
     return TRACKERS.build(node(cfg, "tracking"))
 
 
+def data_node(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`cfg.data` split into the dataset's builder kwargs and its `augment` node."""
+    data_cfg = node(cfg, "data")
+    return data_cfg, data_cfg.pop("augment", None) or {"name": "none"}
+
+
+def build_data_spec(cfg: DictConfig) -> DataSpec:
+    """The dataset of `cfg.data`: file lists and loader settings (reads the folders; synthetic data is drawn)."""
+    return DATASETS.build(data_node(cfg)[0])
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every check that needs no file, network, model or data: trainer, hardware backend, amp, the data keys and
+    that its root exists. Runs before a tracker store is opened, a model is built, or msrun starts workers."""
+    trainer_cfg(cfg)
+    hardware.check_backend(hardware_cfg(cfg))
+    build_amp(cfg)
+    check_data_args(data_node(cfg)[0])
+
+
+def total_batch_size(cfg: DictConfig, batch_size: int) -> int:
+    """Images per optimizer step: per-device batch x devices x nodes x accumulation steps."""
+    hw = cfg.hardware
+    return batch_size * int(hw.num_devices) * int(hw.num_nodes) * trainer_cfg(cfg).accumulation_steps
+
+
+def build_optimization(cfg: DictConfig, model: nn.Cell, steps_per_epoch: int,
+                       total_batch: int) -> tuple[nn.Optimizer, np.ndarray]:
+    """The optimizer over `model` and its per-optimizer-step LR schedule over trainer.epochs.
+
+    Every LR of the schedule (warmup start, peak, floor) is scaled alike by total_batch / trainer.lr_batch_size,
+    as in the official Swin main.py.
+
+    Args:
+        model: The network (already cast by its amp policy).
+        steps_per_epoch: Optimizer steps per epoch (micro-batches / accumulation steps).
+        total_batch: Images per optimizer step (see total_batch_size).
+
+    Returns:
+        The optimizer, which indexes the schedule with its own step counter, and the schedule itself.
+    """
+    trainer = trainer_cfg(cfg)
+    optimizer_cfg = node(cfg, "optimizer")
+    scale = lr_scale(total_batch, trainer.lr_batch_size)
+    schedule = scale * SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(optimizer_cfg["lr"]),
+                                        epochs=trainer.epochs, steps_per_epoch=steps_per_epoch)
+    return OPTIMIZERS.build({**optimizer_cfg, "lr": Tensor(schedule)}, model=model), schedule
+
+
 def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experiment:
     """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first.
 
-    Every check that needs no file, network or model (trainer, hardware backend, amp, data keys and root) runs
-    before the tracker opens its store and before the model is built.
+    Every check of `check_config` runs before the tracker opens its store and before the model is built.
     """
-    trainer = trainer_cfg(cfg)
-    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
-    hardware.validate(hw)
-    hardware.check_backend(hw)
-    amp = AMP_POLICIES.build(node(cfg, "amp"))
-    data_cfg = node(cfg, "data")
-    augment_cfg = data_cfg.pop("augment", None) or {"name": "none"}
-    check_data_args(data_cfg)  # reads no file: a wrong root fails before the model costs seconds to build
+    check_config(cfg)  # reads no file: a wrong root fails before the model costs seconds to build
+    trainer, amp = trainer_cfg(cfg), build_amp(cfg)
+    data_cfg, augment_cfg = data_node(cfg)
     tracker = tracker if tracker is not None else build_tracker(cfg)
     model = amp.apply(build_model(cfg))
     spec = DATASETS.build(data_cfg)
@@ -122,12 +177,7 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
     if steps == 0:
         raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} exceeds the {batches} train "
                           "batches of an epoch; lower it or raise trainer.limit_train_batches / the data size")
-    total_batch = spec.batch_size * cfg.hardware.num_devices * cfg.hardware.num_nodes * trainer.accumulation_steps
-    optimizer_cfg = node(cfg, "optimizer")
-    # every LR of the schedule (warmup start, peak, floor) scales alike, as in the official Swin main.py
-    scale = lr_scale(total_batch, trainer.lr_batch_size)
-    schedule = scale * SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(optimizer_cfg["lr"]),
-                                        epochs=trainer.epochs, steps_per_epoch=steps)
-    optimizer = OPTIMIZERS.build({**optimizer_cfg, "lr": Tensor(schedule)}, model=model)
+    total_batch = total_batch_size(cfg, spec.batch_size)
+    optimizer, schedule = build_optimization(cfg, model, steps, total_batch)
     return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
                       total_batch=total_batch)

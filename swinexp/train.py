@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.types import RunMode
+from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
 from swinexp import amp_report
-from swinexp.build import Experiment, build_experiment, build_tracker, node
+from swinexp.build import Experiment, build_experiment, build_model, build_tracker, check_config, hardware_cfg
 from swinexp.config import HardwareCfg
 from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
@@ -58,10 +59,10 @@ class JobInfo:
         return tags
 
 
-def log_amp_report(exp: Experiment, model_cfg: dict, run_dir: Path) -> None:
+def log_amp_report(exp: Experiment, reference: nn.Cell, run_dir: Path) -> None:
     """Save the policy's per-cell dtype table and its fp32 drift report on one val batch as run artifacts."""
     images, _ = next(iter(exp.val_loader.epoch(0)))
-    for name, text in amp_report.artifacts(model_cfg, exp.model, exp.amp, images).items():
+    for name, text in amp_report.artifacts(reference, exp.model, exp.amp, images).items():
         (run_dir / name).write_text(text)
         exp.tracker.log_artifact(run_dir / name)
 
@@ -76,35 +77,45 @@ def git_commit() -> str | None:
 
 
 def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
-    """Apply the hardware settings, open (or reopen) the tracker run, build, train, and end the run with the status
-    that matches what happened: FINISHED, FAILED, or KILLED (a signal; then the process exits non-zero).
+    """What the command line asked for: a dry run, an msrun launch, a precision inspection, or a training.
 
-    The run is opened before the rest is built, so a job whose config fails still shows up as a FAILED run. A run
-    dir that holds checkpoints (trainer.resume=auto) or a trainer.resume path continues that run: same MLflow run,
-    same place in the data, the LR schedule and every state where the checkpoint left them.
+    Every check that needs no model or data runs first, in this process: a config error never waits for msrun.
+
+    Returns:
+        The final metrics of a training (with `val/top1_best`); {} for the other actions.
     """
-    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
-    hardware.validate(hw)
-    if cfg.get("dry_run"):
+    hw = hardware_cfg(cfg)
+    if cfg.dry_run:
         print(launch.dry_run_report(cfg, hw, job.overrides, job.run_dir))
         return {}
-    hardware.check_backend(hw)  # before msrun starts workers that would each fail the same way
+    check_config(cfg)
     if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
         status = launch.launch(hw, Path(sys.argv[0]).resolve(), job.overrides, job.run_dir)
         if status != 0:
             raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
         return {}
-    hardware.apply(hw, int(cfg.seed), bool(OmegaConf.select(cfg, "trainer.deterministic")))
+    hardware.apply(hw, int(cfg.seed), bool(cfg.trainer.deterministic))
     if launch.is_scheduler():  # msrun's scheduler has served the cluster inside init(); nothing else to do
         return {}
-    if cfg.get("inspect"):  # +inspect=amp | +inspect=drift: print the precision report and stop
+    if cfg.inspect:  # inspect=amp | inspect=drift: print the precision report and stop
         print(amp_report.inspect(cfg))
         return {}
     if launch.rank() != 0:  # the other ranks train the same steps silently: one log, one run, one checkpoint
         log.setLevel(logging.WARNING)
-    fail_rank = OmegaConf.select(cfg, "debug.fail_rank")
-    if fail_rank is not None and int(fail_rank) == launch.rank():
-        raise RuntimeError(f"debug.fail_rank={fail_rank}: this worker fails on purpose (to test failure handling)")
+    if cfg.debug.fail_rank is not None and int(cfg.debug.fail_rank) == launch.rank():
+        raise RuntimeError(f"debug.fail_rank={cfg.debug.fail_rank}: this worker fails on purpose (to test failure "
+                           "handling)")
+    return train(cfg, job, hw)
+
+
+def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
+    """Open (or reopen) the tracker run, build, fit, and end the run with the status that matches what happened:
+    FINISHED, FAILED, or KILLED (a signal; then the process exits non-zero).
+
+    The run is opened before the rest is built, so a job whose config fails still shows up as a FAILED run. A run
+    dir that holds checkpoints (trainer.resume=auto) or a trainer.resume path continues that run: same MLflow run,
+    same place in the data, the LR schedule and every state where the checkpoint left them.
+    """
     config = OmegaConf.to_container(cfg, resolve=True)
     resume_from = locate(OmegaConf.select(cfg, "trainer.resume"), job.run_dir)
     if resume_from is not None:
@@ -124,7 +135,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         tracker.log_artifact(job.run_dir / "config.yaml")
         if exp.trainer.amp_report and launch.rank() == 0 and resume_from is None:
-            log_amp_report(exp, node(cfg, "model"), job.run_dir)
+            log_amp_report(exp, build_model(cfg), job.run_dir)
         jit = hw.mode == "graph"
         history = ([evaluate_only(exp, jit)] if exp.trainer.eval_only
                    else fit(exp, job.run_dir, jit, resume_from, config))

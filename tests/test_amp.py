@@ -5,12 +5,14 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
+from omegaconf import OmegaConf
 
 from swinexp.amp import AmpPolicy
 from swinexp.amp_report import compute_cells, compute_dtypes, drift_report, dtype_table
 from swinexp.engine.step import make_train_step
 from swinexp.optim import adamw
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
+from tests.conftest import CONF_DIR
 
 BLOCK = "layers.0.blocks.0"
 # (policy, {cell path: expected compute dtype}): the issue's contract for each level
@@ -28,9 +30,13 @@ EXPECTED = {
 }
 
 
+CPU_FORMULATION = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "formulation" / "cpu.yaml"))
+
+
 def _micro(img_size: int = 32) -> nn.Cell:
+    """swin_micro in the formulation a CPU run trains (separate q/k/v, hand-written backward passes)."""
     return MODELS.build({"name": "swin_micro", "img_size": img_size, "num_classes": 10, "depths": [1, 1],
-                         "drop_path_rate": 0.0})
+                         "drop_path_rate": 0.0, **CPU_FORMULATION})
 
 
 def _batch(n: int = 2) -> tuple[Tensor, Tensor]:

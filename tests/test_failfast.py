@@ -108,7 +108,7 @@ def test_heads_that_do_not_divide_the_stage_width(compose: Callable[..., DictCon
 @pytest.mark.skipif(_has_backend("GPU"), reason="this MindSpore has a GPU backend")
 def test_gpu_preset_without_a_gpu_backend(compose: Callable[..., DictConfig], no_model: None) -> None:
     with pytest.raises(ConfigError, match=r"hardware.device_target='GPU' .* has no GPU backend .*hardware=cpu.*"
-                                          r"\+dry_run=true"):
+                                          r"\dry_run=true"):
         build_experiment(compose("hardware=gpu"))
 
 
@@ -140,7 +140,7 @@ def test_cli_ascend_without_the_backend(tmp_path: Path) -> None:
     out = _run(*smoke, "hardware=ascend", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
                cwd=tmp_path)
     _assert_one_clean_line(out, "ConfigError: hardware.device_target='Ascend'")
-    assert "+dry_run=true" in out.stderr  # how to check the launch here instead
+    assert "dry_run=true" in out.stderr  # how to check the launch here instead
     assert not (tmp_path / "data").exists() and not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -148,7 +148,7 @@ def test_cli_ascend_without_the_backend(tmp_path: Path) -> None:
 @pytest.mark.parametrize("preset", ["ascend", "gpu8"])  # ascend8 and ascend8x2: tests/test_launch.py
 def test_cli_dry_run_works_without_the_backend(preset: str, tmp_path: Path) -> None:
     smoke = [o for o in SMOKE if not o.startswith("hardware=")]
-    out = _run(*smoke, f"hardware={preset}", "+dry_run=true", f"data.root={tmp_path / 'data'}",
+    out = _run(*smoke, f"hardware={preset}", "dry_run=true", f"data.root={tmp_path / 'data'}",
                f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dry run:" in out.stdout and "mindspore context: device_target=" in out.stdout
@@ -163,3 +163,19 @@ def test_cli_data_root_that_does_not_exist(tmp_path: Path) -> None:
     _assert_one_clean_line(out, f"ConfigError: data.root='{missing}' does not exist")
     assert "data=synthetic" in out.stderr.splitlines()[-1]  # the fix
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("override,message", [("trainer.epochs=0", "trainer.epochs=0 must be >= 1"),
+                                              ("amp.loss_scale=sometimes", "amp.loss_scale"),
+                                              ("data.batch_size=0", "data.batch_size")])
+def test_a_multi_worker_run_checks_its_config_before_msrun_starts(compose: Callable[..., DictConfig],
+                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   override: str, message: str) -> None:
+    from swinexp.runtime import launch
+    from swinexp.train import JobInfo, run
+
+    monkeypatch.setattr(launch, "launch", _refuse("an msrun launch"))
+    cfg = compose("hardware=cpu2", "amp=o2" if override.startswith("amp") else "amp=o0", override)
+    with pytest.raises(ConfigError, match=message):
+        run(cfg, JobInfo(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # no msrun log dir, no checkpoint, nothing

@@ -22,7 +22,7 @@ def _run(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProce
 def test_msrun_command_carries_world_node_master_and_the_same_run_dir(tmp_path: Path) -> None:
     hw = HardwareCfg(device_target="Ascend", num_devices=8, num_nodes=2, node_rank=1, master_addr="10.0.0.1",
                      master_port=9000)
-    cmd = msrun_command(hw, Path("run.py"), ["model=swin_tiny", "hydra.run.dir=/old", "+dry_run=true"], tmp_path)
+    cmd = msrun_command(hw, Path("run.py"), ["model=swin_tiny", "hydra.run.dir=/old", "dry_run=true"], tmp_path)
     assert cmd[1:8] == ["--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--master_port=9000",
                         "--node_rank=1", f"--log_dir={tmp_path / 'msrun'}", "--join=True"]
     assert cmd[8:] == ["run.py", "model=swin_tiny", f"hydra.run.dir={tmp_path}"]
@@ -50,7 +50,7 @@ def test_failure_report_shows_the_failing_workers_traceback(tmp_path: Path) -> N
 ])
 def test_dry_run_prints_the_launch_without_hardware(hardware: str, expected: list[str], tmp_path: Path) -> None:
     smoke = [o for o in SMOKE if not o.startswith("hardware=")]
-    out = _run(*smoke, f"hardware={hardware}", "+dry_run=true", f"data.root={tmp_path / 'data'}",
+    out = _run(*smoke, f"hardware={hardware}", "dry_run=true", f"data.root={tmp_path / 'data'}",
                f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     for text in expected:
@@ -107,7 +107,7 @@ def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
 def test_a_failing_worker_fails_the_command_and_shows_its_error(tmp_path: Path) -> None:
     smoke = [o for o in SMOKE if not o.startswith("hardware=")]
     out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", f"data.root={tmp_path / 'data'}",
-               "+debug.fail_rank=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
+               "debug.fail_rank=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
     assert out.returncode != 0
     assert "worker_1.log" in out.stderr and "debug.fail_rank=1: this worker fails on purpose" in out.stderr
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout

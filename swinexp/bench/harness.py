@@ -13,12 +13,11 @@ from hydra import initialize_config_dir
 from mindspore import Tensor, nn
 from omegaconf import DictConfig
 
-from swinexp.build import node, trainer_cfg
+from swinexp.build import build_amp, build_optimization, total_batch_size, trainer_cfg
 from swinexp.engine.step import StepOutput, TrainStep, make_train_step
 from swinexp.models.factory import MODEL_CONF_DIR
 from swinexp.models.summary import summarize
 from swinexp.models.swin import SwinTransformer
-from swinexp.registry import AMP_POLICIES, OPTIMIZERS, SCHEDULERS
 
 __all__ = ["CONF_DIR", "build_train_step", "compose", "forward_flops", "make_step_call", "quiet_cell_teardown",
            "random_batch", "release_compiled"]
@@ -38,16 +37,13 @@ def build_train_step(cfg: DictConfig, model: nn.Cell, total_steps: int) -> Train
     Args:
         cfg: The composed config (amp, optimizer, scheduler, trainer, hardware.mode are read).
         model: The network, not yet cast (any nn.Cell: a peer's model too).
-        total_steps: Calls the step will get; the LR schedule is made at least this long.
+        total_steps: Calls the step will get; the LR schedule is made at least this long (per epoch of
+            trainer.epochs), its LRs scaled by trainer.lr_batch_size as in training.
     """
-    trainer = trainer_cfg(cfg)
-    amp = AMP_POLICIES.build(node(cfg, "amp"))
+    trainer, amp = trainer_cfg(cfg), build_amp(cfg)
     model = amp.apply(model)
     model.set_train(True)
-    optimizer_cfg = node(cfg, "optimizer")
-    schedule = SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(optimizer_cfg["lr"]), epochs=trainer.epochs,
-                                steps_per_epoch=total_steps)
-    optimizer = OPTIMIZERS.build({**optimizer_cfg, "lr": Tensor(schedule)}, model=model)
+    optimizer, _ = build_optimization(cfg, model, total_steps, total_batch_size(cfg, int(cfg.data.batch_size)))
     return make_train_step(model, optimizer, amp, trainer.clip_grad, cfg.hardware.mode == "graph",
                            trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops

@@ -31,7 +31,7 @@ def validate(hw: HardwareCfg) -> None:
 def check_backend(hw: HardwareCfg) -> None:
     """Fail in a second when this MindSpore build cannot run hw.device_target (e.g. the CPU wheel and an Ascend preset).
 
-    Call it after a dry-run check: `+dry_run=true` must keep working for any preset, on any machine.
+    Call it after a dry-run check: `dry_run=true` must keep working for any preset, on any machine.
     """
     # the quiet form of ms.device_context.<target>.is_available(), which logs warnings of its own
     context = MSContext.get_instance()
@@ -43,7 +43,7 @@ def check_backend(hw: HardwareCfg) -> None:
         f"hardware.device_target='{hw.device_target}' (set by the hardware option) but this MindSpore "
         f"{ms.__version__} build has no {hw.device_target} backend ({reason}); "
         f"install MindSpore's {hw.device_target} build (see mindspore.cn), run here with hardware=cpu, or check the "
-        f"launch without the hardware by adding +dry_run=true to the same command"
+        f"launch without the hardware by adding dry_run=true to the same command"
     )
 
 

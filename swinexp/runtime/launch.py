@@ -55,7 +55,7 @@ def msrun_command(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: 
         raise ConfigError(f"hardware.node_rank={hw.node_rank} must be in 0..{hw.num_nodes - 1} "
                           f"(hardware.num_nodes={hw.num_nodes})")
     msrun = shutil.which("msrun") or str(Path(sys.executable).with_name("msrun"))
-    own = [o for o in overrides if not o.startswith(("hydra.run.dir=", "+dry_run", "dry_run"))]
+    own = [o for o in overrides if not o.startswith(("hydra.run.dir=", "dry_run"))]
     return [msrun, f"--worker_num={world_size(hw)}", f"--local_worker_num={hw.num_devices}",
             f"--master_addr={hw.master_addr}", f"--master_port={hw.master_port}", f"--node_rank={hw.node_rank}",
             f"--log_dir={log_dir(hw, run_dir)}", "--join=True", str(script), *own, f"hydra.run.dir={run_dir}"]
@@ -92,13 +92,11 @@ def failure_report(logs: Path) -> str:
 
 def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_dir: Path) -> str:
     """What a launch would do, without the hardware: msrun call per node, MindSpore settings, shard sizes."""
-    from swinexp.build import node, trainer_cfg
-    from swinexp.registry import DATASETS
+    from swinexp.build import build_data_spec, trainer_cfg  # build imports this module
     from swinexp.runtime.hardware import context_summary
 
     world = world_size(hw)
-    data_cfg = {k: v for k, v in node(cfg, "data").items() if k != "augment"}
-    spec = DATASETS.build(data_cfg)
+    spec = build_data_spec(cfg)
     accumulation = trainer_cfg(cfg).accumulation_steps
     lines = [f"dry run: {world} worker(s) = {hw.num_devices} per node x {hw.num_nodes} node(s), "
              f"device_target={hw.device_target}"]
