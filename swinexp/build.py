@@ -93,7 +93,8 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
     """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first.
 
     Every check that needs no file, network or model (trainer, hardware backend, amp, data keys and root) runs
-    before the tracker opens its store and before the model is built.
+    before the tracker opens its store and before the model is built. A `data.num_classes: null` is set to the
+    number of classes the dataset found, in `cfg` itself, so the model head and the saved config agree with it.
     """
     trainer = trainer_cfg(cfg)
     hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
@@ -104,8 +105,10 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
     augment_cfg = data_cfg.pop("augment", None) or {"name": "none"}
     check_data_args(data_cfg)  # reads no file: a wrong root fails before the model costs seconds to build
     tracker = tracker if tracker is not None else build_tracker(cfg)
-    model = amp.apply(build_model(cfg))
     spec = DATASETS.build(data_cfg)
+    if "num_classes" in cfg.data and cfg.data.num_classes is None:  # null: the folders' count is the class count
+        cfg.data.num_classes = spec.num_classes  # for the model's ${data.num_classes} and the saved config.yaml
+    model = amp.apply(build_model(cfg))
     head = getattr(model, "num_classes", spec.num_classes)
     if head != spec.num_classes:
         raise ConfigError(
