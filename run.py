@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 import swinexp  # noqa: F401  (registers components and config schemas before Hydra composes)
 from swinexp.registry import ConfigError
+from swinexp.runtime import launch
 from swinexp.train import JobInfo, run
 
 
@@ -18,7 +19,7 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:  # a user mistake: say what to fix, without a traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the sweep records this job as failed and goes on with the next
-        raise SystemExit(f"ConfigError: {err}") from None
+        raise launch.exit_for_config_error(err) from None  # under msrun: a line the launching process finds
     return metrics.get(cfg.optimized_metric) if cfg.get("optimized_metric") else None
 
 

@@ -153,14 +153,18 @@ def build_optimization(cfg: DictConfig, model: nn.Cell, steps_per_epoch: int,
 def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experiment:
     """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first.
 
-    Every check of `check_config` runs before the tracker opens its store and before the model is built.
+    Every check of `check_config` runs before the tracker opens its store and before the model is built. A
+    `data.num_classes: null` is set to the number of classes the dataset found, in `cfg` itself, so the model head
+    and the saved config agree with it.
     """
     check_config(cfg)  # reads no file: a wrong root fails before the model costs seconds to build
     trainer, amp = trainer_cfg(cfg), build_amp(cfg)
     data_cfg, augment_cfg = data_node(cfg)
     tracker = tracker if tracker is not None else build_tracker(cfg)
-    model = amp.apply(build_model(cfg))
     spec = DATASETS.build(data_cfg)
+    if "num_classes" in cfg.data and cfg.data.num_classes is None:  # null: the folders' count is the class count
+        cfg.data.num_classes = spec.num_classes  # for the model's ${data.num_classes} and the saved config.yaml
+    model = amp.apply(build_model(cfg))
     head = getattr(model, "num_classes", spec.num_classes)
     if head != spec.num_classes:
         raise ConfigError(

@@ -60,6 +60,7 @@ def test_run_logs_to_mlflow_and_writes_loadable_checkpoints(tmp_path: Path) -> N
     out = _run(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "epoch 2/2" in out.stderr + out.stdout
+    assert "side effect nodes were eliminated" not in out.stderr  # MindSpore's analyzer, at the eval step compile
 
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("cli").experiment_id])

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,41 @@ def test_imagefolder_class_count_must_match_num_classes(tmp_path: Path) -> None:
         imagefolder(str(tmp_path), num_classes=1000)
     with pytest.raises(ConfigError, match="does not exist"):
         imagefolder(str(tmp_path / "nowhere"))
+
+
+def test_imagefolder_counts_its_class_folders_unless_told(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {split: {c: 1 for c in "abcd"} for split in ("train", "val")})
+    spec = imagefolder(str(tmp_path))  # data.num_classes: null, the imagefolder default
+    assert spec.num_classes == 4 and spec.classes == ("a", "b", "c", "d")
+    assert imagenet(str(tmp_path), num_classes=None).num_classes == 4
+    with pytest.raises(ConfigError, match=r"has 4 class folders but data.num_classes=1000; set data.num_classes=4, "
+                                          r"or data.num_classes=null to count the class folders"):
+        imagenet(str(tmp_path))  # ImageNet keeps its 1000: a partial copy must not train silently
+
+
+def test_loader_workers_are_cut_to_the_cpus_of_the_process_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _write_folder(tmp_path, {"train": {"a": 4, "b": 4}, "val": {"a": 2, "b": 2}})
+    cpus = len(os.sched_getaffinity(0))
+    with caplog.at_level(logging.WARNING, logger="swinexp.data"):
+        spec = imagefolder(str(tmp_path), num_classes=2, img_size=16, batch_size=4, num_workers=cpus + 2)
+    assert spec.num_workers == cpus
+    assert [r.getMessage() for r in caplog.records] == [
+        f"data.num_workers={cpus + 2} but this process has {cpus} CPUs; using {cpus} loader workers"]
+    train, val = build_loaders(spec, light(16, num_classes=2), seed=0)  # MindSpore refused cpus + 2 workers here
+    assert sum(1 for _ in train.epoch(0)) == 2 and sum(x.shape[0] for x, _ in val.epoch(0)) == 4
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin the process to one")
+def test_worker_count_follows_the_cores_the_process_is_pinned_to(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"train": {"a": 1}, "val": {"a": 1}})
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # as a sweep that runs its jobs on disjoint cores pins each job
+    try:
+        assert imagefolder(str(tmp_path), num_classes=1, num_workers=2).num_workers == 1
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert imagefolder(str(tmp_path), num_classes=1, num_workers=2).num_workers == 2
 
 
 def test_val_shards_cover_each_sample_exactly_once() -> None:

@@ -10,7 +10,14 @@ from mlflow.tracking import MlflowClient
 
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
-from swinexp.runtime.launch import failure_report, msrun_command, needs_launch
+from swinexp.runtime.launch import (
+    CONFIG_ERROR_STATUS,
+    exit_for_config_error,
+    failure_report,
+    msrun_command,
+    needs_launch,
+    worker_config_error,
+)
 from tests.conftest import ROOT, SMOKE
 
 
@@ -37,6 +44,24 @@ def test_failure_report_shows_the_failing_workers_traceback(tmp_path: Path) -> N
     report = failure_report(tmp_path)
     assert "worker_1.log" in report and "ValueError: boom" in report
     assert "worker_0.log" not in report and "noise" not in report
+
+
+def test_a_worker_ends_a_config_error_with_one_line_and_its_own_status(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    err = ConfigError("data.num_classes=3 is wrong\nset it to 4")
+    monkeypatch.delenv("MS_ROLE", raising=False)
+    assert exit_for_config_error(err).code == "ConfigError: data.num_classes=3 is wrong set it to 4"  # single run
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    assert exit_for_config_error(err).code == CONFIG_ERROR_STATUS
+    assert capsys.readouterr().err == "ConfigError: data.num_classes=3 is wrong set it to 4\n"  # into its log
+
+
+def test_the_launcher_finds_a_workers_config_error_line(tmp_path: Path) -> None:
+    (tmp_path / "worker_0.log").write_text("[WARNING] noise\nall fine\n")
+    assert worker_config_error(tmp_path) is None
+    (tmp_path / "worker_1.log").write_text("[WARNING] noise\nConfigError: data.root='x' has 4 class folders\n"
+                                           "[WARNING] teardown\n")
+    assert worker_config_error(tmp_path) == "data.root='x' has 4 class folders"
 
 
 @pytest.mark.slow
@@ -110,5 +135,41 @@ def test_a_failing_worker_fails_the_command_and_shows_its_error(tmp_path: Path) 
                "debug.fail_rank=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
     assert out.returncode != 0
     assert "worker_1.log" in out.stderr and "debug.fail_rank=1: this worker fails on purpose" in out.stderr
+    assert "MissingMandatoryValue" not in out.stderr  # SweepCallback.on_job_end in a failed single run
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout
     assert leftover.strip() == ""  # msrun took every worker down
+
+
+def _four_class_folder(root: Path) -> Path:
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in range(4):
+            (root / split / f"c{c}").mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (40, 40), (60 * c, 50 * i, 0)).save(root / split / f"c{c}" / f"{i}.jpg")
+    return root
+
+
+@pytest.mark.slow
+def test_a_workers_config_error_reaches_the_user_as_one_line(tmp_path: Path) -> None:
+    """A mistake only the data shows (the class count) fails inside the msrun workers."""
+    root = _four_class_folder(tmp_path / "four")
+    out = _run("model=swin_micro", "data=imagefolder", f"data.root={root}", "data.num_classes=3", "data.img_size=32",
+               "data.batch_size=4", "data/augment=none", "trainer=smoke", "amp=o0", "tracking=none", "hardware=cpu2",
+               f"hardware.master_port={_free_port()}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
+    assert out.returncode == 1
+    line = (f"ConfigError: data.root='{root}' has 4 class folders but data.num_classes=3; set data.num_classes=4, "
+            "or data.num_classes=null to count the class folders")
+    assert out.stderr.strip().splitlines() == [line], out.stderr[-3000:]  # no traceback, no callback warning
+    assert f"Error code: {CONFIG_ERROR_STATUS}" in (tmp_path / "run" / "msrun" / "msrun.out").read_text()
+
+
+@pytest.mark.slow
+def test_a_trainer_mistake_fails_before_msrun_starts(tmp_path: Path) -> None:
+    smoke = [o for o in SMOKE if not o.startswith("hardware=")]
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", "trainer.epochs=0",
+               f"data.root={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("ConfigError: trainer.epochs=0 must be >= 1"), out.stderr
+    assert not (tmp_path / "run" / "msrun").exists() and "launching" not in out.stdout

@@ -13,11 +13,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from hydra import compose as compose_cfg
+from hydra import initialize_config_dir
+from hydra.core.utils import JobReturn, JobStatus
 from mlflow.tracking import MlflowClient
 
 from swinexp.registry import ConfigError
 from swinexp.tracking import MlflowTracker, NullTracker, flatten, resolve_uri
-from tests.conftest import ROOT, SMOKE
+from swinexp.tracking.sweep import SweepCallback
+from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 
 def test_flatten_gives_dotted_keys_and_keeps_lists() -> None:
@@ -59,6 +63,16 @@ def test_unreachable_server_fails_before_training_with_advice() -> None:
 
 
 # --- reopening a run (exact resume) -------------------------------------------------------------------------------
+
+def test_sweep_callback_leaves_a_failed_single_run_alone() -> None:
+    """Hydra calls on_job_end in single runs too, where hydra.job.num is unset (it warned MissingMandatoryValue)."""
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        config = compose_cfg("config", overrides=SMOKE, return_hydra_config=True)
+    callback = SweepCallback()
+    callback.on_job_end(config, JobReturn(overrides=["trainer.epochs=0"], status=JobStatus.FAILED,
+                                          _return_value=RuntimeError("boom")))
+    assert callback.failed == [] and callback.tracker is None
+
 
 def test_null_tracker_reopens_nothing() -> None:
     tracker = NullTracker()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any, Mapping
 from swinexp.data.folder import Sample, read_class_index, scan_image_folder
 from swinexp.data.synthetic import SHAPES, generate
 from swinexp.registry import DATASETS, ConfigError, check_kwargs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,21 @@ def _check_loader_args(batch_size: int, num_workers: int, img_size: int, crop_pc
         raise ConfigError(f"data.img_size={img_size} must be >= 1")
     if not 0 < crop_pct <= 1:
         raise ConfigError(f"data.crop_pct={crop_pct} must be in (0, 1]; timm's default is 0.875")
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity set, so a job pinned to some cores (taskset, a sweep that gives
+    each job its own cores) counts only those."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def clamp_workers(num_workers: int) -> int:
+    """`num_workers`, cut to the available CPUs with a warning: MindSpore refuses more workers than CPUs."""
+    cpus = available_cpus()
+    if num_workers <= cpus:
+        return num_workers
+    log.warning("data.num_workers=%d but this process has %d CPUs; using %d loader workers", num_workers, cpus, cpus)
+    return cpus
 
 
 def check_data_args(node: Mapping[str, Any]) -> None:
@@ -75,28 +93,30 @@ def default_cache_dir() -> Path:
 
 
 @DATASETS.register("imagefolder")
-def imagefolder(root: str, num_classes: int = 1000, img_size: int = 224, batch_size: int = 64, num_workers: int = 4,
-                crop_pct: float = 0.875, train_split: str = "train", val_split: str = "val",
+def imagefolder(root: str, num_classes: int | None = None, img_size: int = 224, batch_size: int = 64,
+                num_workers: int = 4, crop_pct: float = 0.875, train_split: str = "train", val_split: str = "val",
                 class_index: str | None = None) -> DataSpec:
-    """ImageNet layout `<root>/{train,val}/<class>/<image>`; the folder's class count must equal num_classes.
-    Labels follow the sorted class folder names, or the order of the `class_index` file when given."""
+    """ImageNet layout `<root>/{train,val}/<class>/<image>`; num_classes=None takes the number of class folders,
+    a number must equal it. Labels follow the sorted class folder names, or the order of the `class_index` file."""
     _check_loader_args(batch_size, num_workers, img_size, crop_pct)
     if not Path(root).is_dir():
         raise ConfigError(f"data.root='{root}' does not exist; point it at a folder holding {train_split}/ and {val_split}/")
     order = read_class_index(Path(class_index)) if class_index else None
     classes, train, val = scan_image_folder(Path(root), train_split, val_split, order)
-    if len(classes) != num_classes:
+    if num_classes is not None and len(classes) != num_classes:
         raise ConfigError(
             f"data.root='{root}' has {len(classes)} class folders but data.num_classes={num_classes}; "
-            f"set data.num_classes={len(classes)}"
+            f"set data.num_classes={len(classes)}, or data.num_classes=null to count the class folders"
         )
-    return DataSpec(Path(root), tuple(classes), tuple(train), tuple(val), img_size, batch_size, num_workers, crop_pct)
+    return DataSpec(Path(root), tuple(classes), tuple(train), tuple(val), img_size, batch_size,
+                    clamp_workers(num_workers), crop_pct)
 
 
 @DATASETS.register("imagenet")
-def imagenet(root: str, num_classes: int = 1000, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
-             crop_pct: float = 0.875, class_index: str | None = None) -> DataSpec:
-    """ImageNet-1k (`<root>/train/<wnid>/`, `<root>/val/<wnid>/`): the imagefolder reader with ImageNet's numbers."""
+def imagenet(root: str, num_classes: int | None = 1000, img_size: int = 224, batch_size: int = 128,
+             num_workers: int = 8, crop_pct: float = 0.875, class_index: str | None = None) -> DataSpec:
+    """ImageNet-1k (`<root>/train/<wnid>/`, `<root>/val/<wnid>/`): the imagefolder reader with ImageNet's numbers.
+    num_classes stays 1000 so a half-copied ImageNet fails; a subset sets its count or null."""
     return imagefolder(root, num_classes, img_size, batch_size, num_workers, crop_pct, "train", "val", class_index)
 
 

@@ -14,7 +14,9 @@ def make_eval_step(model: nn.Cell, jit: bool) -> Callable[[Tensor, Tensor], tupl
         logits = ops.cast(model(images), ms.float32)
         loss = ops.cross_entropy(logits, labels, reduction="sum")
         k = min(5, logits.shape[-1])
-        _, top = ops.topk(logits, k)  # (B, k), best first
+        # indices only: unpacking `_, top = ops.topk(...)` leaves the values' getitem isolated in the graph, and
+        # MindSpore's auto-monad pass warns "Some side effect nodes were eliminated by mistake" on every compile
+        top = ops.topk(logits, k)[1]  # (B, k) class indices, best first
         hits = ops.equal(top, ops.expand_dims(labels, -1))
         top1 = ops.cast(hits[:, 0], ms.float32).sum()
         top5 = ops.cast(hits.any(axis=-1), ms.float32).sum()

@@ -21,6 +21,8 @@ from swinexp.data.pipeline import EpochSampler
 from swinexp.registry import ConfigError
 
 LOG_TAIL_LINES = 40
+CONFIG_ERROR_STATUS = 78  # a worker's exit status for a ConfigError: sysexits.h's EX_CONFIG
+CONFIG_ERROR_PREFIX = "ConfigError: "  # the line a worker prints for it, found in its log by the launching process
 
 
 def world_size(hw: HardwareCfg) -> int:
@@ -62,7 +64,11 @@ def msrun_command(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: 
 
 
 def launch(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -> int:
-    """Run the msrun command and return its exit status; on failure print the failing workers' log tails."""
+    """Run the msrun command and return its exit status; on failure print the failing workers' log tails.
+
+    Raises:
+        ConfigError: a worker stopped on a config mistake (its log holds the `ConfigError: ...` line).
+    """
     command = msrun_command(hw, script, overrides, run_dir)
     if not Path(command[0]).exists():
         raise ConfigError("msrun was not found; it is installed with MindSpore beside the Python interpreter "
@@ -74,8 +80,29 @@ def launch(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -
     with open(logs / "msrun.out", "w") as out:
         status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3")}).returncode
     if status != 0:
+        if (message := worker_config_error(logs)) is not None:
+            raise ConfigError(message)  # a user mistake: the one line a single run prints, not the logs' tails
         print(failure_report(logs), file=sys.stderr, flush=True)
     return status
+
+
+def exit_for_config_error(err: ConfigError) -> SystemExit:
+    """How a run ends on a user mistake: `ConfigError: <message>` on stderr, no traceback. A worker prints that line
+    to its log itself and exits with CONFIG_ERROR_STATUS, so that the launching process can tell it from a crash."""
+    line = CONFIG_ERROR_PREFIX + " ".join(str(err).splitlines())
+    if not is_worker():
+        return SystemExit(line)
+    print(line, file=sys.stderr, flush=True)
+    return SystemExit(CONFIG_ERROR_STATUS)
+
+
+def worker_config_error(logs: Path) -> str | None:
+    """The message of the first ConfigError line in the worker logs (by rank), or None when no worker printed one."""
+    for path in sorted(logs.glob("worker_*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(CONFIG_ERROR_PREFIX):
+                return line[len(CONFIG_ERROR_PREFIX):]
+    return None
 
 
 def failure_report(logs: Path) -> str:

@@ -126,6 +126,8 @@ class SweepCallback(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         self.job_running = None
+        if OmegaConf.select(config, "hydra.job.num") is None:  # a single run (also an isolated job): no sweep job
+            return
         if job_return.status is JobStatus.FAILED:
             error = job_return._return_value  # the exception; reading .return_value would re-raise it
             self.failed.append(f"#{config.hydra.job.num} {' '.join(job_return.overrides or [])}: "
