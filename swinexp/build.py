@@ -161,10 +161,12 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
     trainer, amp = trainer_cfg(cfg), build_amp(cfg)
     data_cfg, augment_cfg = data_node(cfg)
     tracker = tracker if tracker is not None else build_tracker(cfg)
-    spec = DATASETS.build(data_cfg)
-    if "num_classes" in cfg.data and cfg.data.num_classes is None:  # null: the folders' count is the class count
+    counted = "num_classes" in cfg.data and cfg.data.num_classes is None  # null: count the class folders
+    spec = DATASETS.build(data_cfg) if counted else None  # otherwise the model's checks run before any file is read
+    if counted:
         cfg.data.num_classes = spec.num_classes  # for the model's ${data.num_classes} and the saved config.yaml
     model = amp.apply(build_model(cfg))
+    spec = spec or DATASETS.build(data_cfg)
     head = getattr(model, "num_classes", spec.num_classes)
     if head != spec.num_classes:
         raise ConfigError(

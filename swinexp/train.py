@@ -116,8 +116,11 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
     dir that holds checkpoints (trainer.resume=auto) or a trainer.resume path continues that run: same MLflow run,
     same place in the data, the LR schedule and every state where the checkpoint left them.
     """
+    resume_from = locate(cfg.trainer.resume, job.run_dir)
+    saved_classes = resume_from.progress.config.get("data", {}).get("num_classes") if resume_from else None
+    if saved_classes is not None and "num_classes" in cfg.data and cfg.data.num_classes is None:
+        cfg.data.num_classes = saved_classes  # counted when the run started; the build checks the folders agree
     config = OmegaConf.to_container(cfg, resolve=True)
-    resume_from = locate(OmegaConf.select(cfg, "trainer.resume"), job.run_dir)
     if resume_from is not None:
         check_compatible(resume_from.progress.config, config)
     run_id = (resume_from.progress.mlflow_run_id or None) if resume_from else saved_run_id(job.run_dir)
@@ -130,6 +133,7 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         (job.run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(job.overrides))))
         tracker.log_artifact(job.run_dir / "overrides.yaml")
         exp = build_experiment(cfg, tracker)
+        config = OmegaConf.to_container(cfg, resolve=True)  # with the class count a folder dataset found
         if resume_from is None:  # a resumed run has its params already
             tracker.log_params(flatten(config))
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

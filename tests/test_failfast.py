@@ -108,7 +108,7 @@ def test_heads_that_do_not_divide_the_stage_width(compose: Callable[..., DictCon
 @pytest.mark.skipif(_has_backend("GPU"), reason="this MindSpore has a GPU backend")
 def test_gpu_preset_without_a_gpu_backend(compose: Callable[..., DictConfig], no_model: None) -> None:
     with pytest.raises(ConfigError, match=r"hardware.device_target='GPU' .* has no GPU backend .*hardware=cpu.*"
-                                          r"\dry_run=true"):
+                                          r"dry_run=true"):
         build_experiment(compose("hardware=gpu"))
 
 

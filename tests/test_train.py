@@ -74,14 +74,18 @@ def test_a_folder_of_four_classes_trains_a_four_class_head(compose: Callable[...
             (tmp_path / "four" / split / name).mkdir(parents=True)
             for i in range(per_class):
                 Image.new("RGB", (40, 36), (60 * c, 40 * i, 90)).save(tmp_path / "four" / split / name / f"{i}.jpg")
-    cfg = compose("model=swin_micro", "model.depths=[1,1]", "data=imagefolder", f"data.root={tmp_path / 'four'}",
-                  "data.img_size=32", "data.batch_size=4", "data.num_workers=1", "data/augment=none", "trainer=smoke",
-                  "hardware=cpu", "amp=o0", "tracking=none", smoke=False)
+    cfg_overrides = ["model=swin_micro", "model.depths=[1,1]", "data=imagefolder", f"data.root={tmp_path / 'four'}",
+                     "data.img_size=32", "data.batch_size=4", "data.num_workers=1", "data/augment=none",
+                     "trainer=smoke", "hardware=cpu", "amp=o0", "tracking=none"]
+    cfg = compose(*cfg_overrides, smoke=False)
     metrics = run(cfg, JobInfo(run_dir=tmp_path / "run"))
     assert np.isfinite(metrics["train/loss"]) and 0 <= metrics["val/top1"] <= 100
     saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
     assert saved.data.num_classes == 4 and saved.model.num_classes == 4
     assert load_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"))["head.weight"].shape[0] == 4
+    # a rerun with num_classes still null resumes (the checkpoint's count is the run's), it is not "another model"
+    longer = compose(*cfg_overrides, "trainer.epochs=3", smoke=False)
+    assert run(longer, JobInfo(run_dir=tmp_path / "run"))["train/optimizer_steps"] == 9  # 3 epochs x 3 steps
 
 
 def test_amp_accumulation_clipping_and_ema_train_and_log(compose: Callable[..., DictConfig], tmp_path: Path) -> None:
