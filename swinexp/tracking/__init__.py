@@ -124,6 +124,20 @@ def open_experiment(client: Any, name: str, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
+def find_run(client: Any, run_id: str | None) -> Any:
+    """The run `run_id` of `client`'s store, or None if the store has no such run (other errors propagate)."""
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:
+        return None
+    try:
+        return client.get_run(run_id)
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+
+
 def sync_command(fallback_uri: str, uri: str, experiment: str) -> str:
     """The command that replays the offline store into the server."""
     return f"python -m swinexp.tracking sync --from {fallback_uri} --to {uri} --experiment {experiment}"
@@ -237,7 +251,7 @@ class MlflowTracker:
     def _reopen(self, run_id: str) -> str:
         from mlflow.entities import RunStatus, RunTag
 
-        if self._find_run(self.client, run_id) is None:
+        if find_run(self.client, run_id) is None:
             if self.offline and self.on_unreachable == "warn":
                 return self._continuation(run_id)  # the run lives on the server we cannot reach
             self.run_id = run_id = self._synced_copy(run_id)
@@ -245,24 +259,13 @@ class MlflowTracker:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in self._tags.items()])
         return run_id
 
-    @staticmethod
-    def _find_run(client: Any, run_id: str) -> Any:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            return client.get_run(run_id)
-        except MlflowException as err:
-            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
-
     def _synced_copy(self, run_id: str) -> str:
         """The id, in this store, of offline run `run_id` once synced here; ConfigError if there is none."""
         from mlflow.tracking import MlflowClient
 
         offline = None
         if self.fallback_uri != self.uri and _store_exists(self.fallback_uri):
-            offline = self._find_run(MlflowClient(tracking_uri=self.fallback_uri), run_id)
+            offline = find_run(MlflowClient(tracking_uri=self.fallback_uri), run_id)
         if offline is not None and SYNCED_TO in offline.data.tags:
             log.info("run %s was logged offline and synced; continuing its copy %s", run_id,
                      offline.data.tags[SYNCED_TO])

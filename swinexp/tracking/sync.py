@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from swinexp.registry import ConfigError
-from swinexp.tracking import CONTINUES_RUN, SYNCED_FROM, SYNCED_TO, check_reachable, open_experiment
+from swinexp.tracking import CONTINUES_RUN, SYNCED_FROM, SYNCED_TO, check_reachable, find_run, open_experiment
 
 PARENT_TAG = "mlflow.parentRunId"
 NOT_COPIED_TAGS = {"mlflow.runName", SYNCED_TO, PARENT_TAG}  # the name is set on creation, the parent is mapped
@@ -110,28 +110,15 @@ def _parents_first(runs: list[Any]) -> list[Any]:
     return sorted(runs, key=lambda r: (depth(r), r.info.start_time or 0))
 
 
-def _exists(client: Any, run_id: str | None) -> Any:
-    from mlflow.exceptions import MlflowException
-
-    if not run_id:
-        return None
-    try:
-        return client.get_run(run_id)
-    except MlflowException as err:
-        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return None
-        raise
-
-
 def _sync_run(source: Any, target: Any, run: Any, experiment: str, target_exp: str,
               copies: dict[str, str]) -> SyncResult:
     from mlflow.entities import Metric, Param, RunTag
 
     src_id, tags = run.info.run_id, run.data.tags
     continues = tags.get(CONTINUES_RUN)
-    if (copy := _exists(target, tags.get(SYNCED_TO))) is not None:
+    if (copy := find_run(target, tags.get(SYNCED_TO))) is not None:
         action = "completed"
-    elif (copy := _exists(target, continues)) is not None:
+    elif (copy := find_run(target, continues)) is not None:
         action = "merged into"
     else:
         copy = target.create_run(target_exp, start_time=run.info.start_time, run_name=run.info.run_name,
