@@ -1,11 +1,19 @@
 """swinexp: config-composed Swin Transformer experiments on MindSpore.
 
-Importing the package registers every component (models, datasets, augmentations, amp policies, optimizers,
-schedulers, trackers) and the typed config schemas, so `python run.py` and tests see the same registries.
+When components register (the rule): `import swinexp` registers the typed config schemas, the resolvers and the
+named sweeps in Hydra's ConfigStore, and imports no MindSpore, so `--help`, `--cfg job`, `python -m
+swinexp.report` and `python -m swinexp.tracking sync` start fast. The component registries (`REGISTRIES`) fill
+themselves the first time any of them is read — `MODELS.build(...)`, `"swin_tiny" in MODELS`, `sorted(MODELS)` —
+by importing swinexp's component modules and then every installed plugin (entry-point group `swinexp.plugins`);
+modules listed under `imports:` in a config are imported by `swinexp.build` before it builds. A registry is
+therefore never read half filled, and nothing has to be imported "for its side effect" before a build.
+`swinexp.create_model` and the other model/data names below load MindSpore when first used.
 """
-from swinexp import amp, data, models, optim, tracking  # noqa: F401  (register amp/, optimizer/, scheduler/, tracking/)  # noqa: F401  (register data/, data/augment/, model/)
+from __future__ import annotations
+
+from typing import Any
+
 from swinexp.config import register_resolvers, register_schemas, register_sweeps
-from swinexp.models import create_model  # noqa: F401  (swinexp.create_model(name, pretrained, ...))
 from swinexp.registry import AMP_POLICIES, AUGMENTS, DATASETS, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
 
 register_resolvers()
@@ -22,5 +30,16 @@ REGISTRIES = {
     "tracking": TRACKERS,
 }
 
-__all__ = ["AMP_POLICIES", "AUGMENTS", "ConfigError", "DATASETS", "MODELS", "OPTIMIZERS", "REGISTRIES", "SCHEDULERS",
-           "TRACKERS"]
+_LAZY = {"create_model": "swinexp.models.factory"}  # public names whose modules import MindSpore
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'swinexp' has no attribute '{name}'")
+
+
+__all__ = ["AMP_POLICIES", "AUGMENTS", "DATASETS", "MODELS", "OPTIMIZERS", "REGISTRIES", "SCHEDULERS", "TRACKERS",
+           "ConfigError", "create_model"]

@@ -15,7 +15,7 @@ from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
 from swinexp.data.datasets import check_data_args
 from swinexp.engine.step import ACCUMULATE_ON
 from swinexp.optim import lr_scale
-from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
+from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError, import_modules
 from swinexp.runtime import hardware
 from swinexp.runtime.launch import is_worker, rank, world_size
 from swinexp.tracking import Tracker
@@ -69,8 +69,14 @@ def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
     return trainer
 
 
+def import_user_components(cfg: DictConfig) -> None:
+    """Import the modules of the config's `imports:` list (the user's own registered components)."""
+    import_modules(OmegaConf.select(cfg, "imports", default=None) or [], key="imports")
+
+
 def build_model(cfg: DictConfig) -> nn.Cell:
     """The model of `cfg.model`; an error about a key the model takes from the data names the data key to change."""
+    import_user_components(cfg)
     try:
         return MODELS.build(node(cfg, "model"))
     except ConfigError as err:
@@ -98,6 +104,7 @@ def build_amp(cfg: DictConfig) -> AmpPolicy:
 
 def build_tracker(cfg: DictConfig) -> Tracker:
     """The experiment tracker of `cfg.tracking` (MLflow or none)."""
+    import_user_components(cfg)
     return TRACKERS.build(node(cfg, "tracking"))
 
 
@@ -157,6 +164,7 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
     `data.num_classes: null` is set to the number of classes the dataset found, in `cfg` itself, so the model head
     and the saved config agree with it.
     """
+    import_user_components(cfg)
     check_config(cfg)  # reads no file: a wrong root fails before the model costs seconds to build
     trainer, amp = trainer_cfg(cfg), build_amp(cfg)
     data_cfg, augment_cfg = data_node(cfg)

@@ -12,7 +12,17 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
+
+def resource_dir(name: str) -> Path:
+    """`conf` or `sweeps`: inside the package when installed from a wheel (`swinexp/_conf`, mapped at build time),
+    else the repository's top-level folder (a checkout, or an editable install that reads the checkout)."""
+    package = Path(__file__).resolve().parent
+    packaged = package / f"_{name}"
+    return packaged if packaged.is_dir() else package.parent / name
+
+
+CONF_DIR = resource_dir("conf")      # the one place code finds the config groups
+SWEEPS_DIR = resource_dir("sweeps")
 
 
 @dataclass
@@ -77,7 +87,10 @@ def load_option(group_dir: Path, name: str) -> DictConfig:
 
 
 def register_resolvers() -> None:
-    """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed."""
+    """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed, and
+    `${swinexp.help_groups:}`, the config groups `--help` lists."""
+    if not OmegaConf.has_resolver("swinexp.help_groups"):
+        OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
     if not OmegaConf.has_resolver("swinexp.floordiv"):
         OmegaConf.register_new_resolver("swinexp.floordiv", lambda a, b: int(a) // int(b))
 
@@ -93,3 +106,24 @@ def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
     cs = ConfigStore.instance()
     for path in sorted(Path(directory).glob("*.yaml")):
         cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+HIDDEN_GROUPS = ("model/formulation",)  # chosen by the hardware preset, not by the user
+SCHEMA_PREFIX = "base_"                 # typed schemas (base_trainer, ...) that presets extend, not options to pick
+
+
+def help_groups() -> str:
+    """`group: option, ...` lines for `--help`: the user-facing groups of the running Hydra app, with the options of
+    every config directory on its search path (`-cd` included), without schemas or internal groups."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None, "help_groups is resolved by Hydra's --help, inside a running app"
+    lines = []
+    for group in sorted(hydra.list_all_config_groups()):
+        if group.split("/")[0] == "hydra" or group in HIDDEN_GROUPS:
+            continue
+        options = [o for o in sorted(hydra.config_loader.get_group_options(group)) if not o.startswith(SCHEMA_PREFIX)]
+        if options:
+            lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)

@@ -1,9 +1,17 @@
-"""One small registry per component kind; a config node `{name: X, **kwargs}` builds component X."""
+"""One small registry per component kind; a config node `{name: X, **kwargs}` builds component X.
+
+The registries of swinexp fill themselves when one of them is first read (get, build, `in`, iteration, len): that
+imports swinexp's component modules (`COMPONENT_MODULES`) and every installed plugin (entry-point group
+`swinexp.plugins`), so a read never sees a partly filled registry and MindSpore loads only for commands that build.
+"""
 from __future__ import annotations
 
+import importlib
 import inspect
+from collections.abc import Iterable, Iterator, Mapping
 from difflib import get_close_matches
-from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
+from importlib.metadata import entry_points
+from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -15,9 +23,15 @@ class ConfigError(ValueError):
 class Registry(Generic[T]):
     """Maps names to builder callables of one kind (`model`, `optimizer`, ...)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, fill: Callable[[], None] | None = None) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._fill = fill  # called before every read; swinexp's registries pass fill_registries
+
+    def _read(self) -> dict[str, T]:
+        if self._fill is not None:
+            self._fill()
+        return self._items
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(fn: T) -> T:
@@ -29,13 +43,14 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str) -> T:
-        if name not in self._items:
-            hint = get_close_matches(str(name), self._items, n=1)
+        items = self._read()
+        if name not in items:
+            hint = get_close_matches(str(name), items, n=1)
             raise ConfigError(
                 f"{self.kind}.name='{name}' is not a registered {self.kind}. Choose one of: {', '.join(sorted(self))}"
                 + (f". Did you mean '{hint[0]}'?" if hint else "")
             )
-        return self._items[name]
+        return items[name]
 
     def build(self, node: Mapping[str, Any], **extra: Any) -> Any:
         """Build from `{name: ..., **kwargs}`; `extra` are runtime arguments the config does not hold."""
@@ -48,13 +63,13 @@ class Registry(Generic[T]):
         return fn(**kwargs, **extra)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._read()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
+        return iter(self._read())
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._read())
 
 
 def check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, path: str) -> None:
@@ -77,10 +92,45 @@ def check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, 
         )
 
 
-MODELS: Registry[Callable[..., Any]] = Registry("model")
-DATASETS: Registry[Callable[..., Any]] = Registry("data")
-AUGMENTS: Registry[Callable[..., Any]] = Registry("data.augment")
-AMP_POLICIES: Registry[Callable[..., Any]] = Registry("amp")
-OPTIMIZERS: Registry[Callable[..., Any]] = Registry("optimizer")
-SCHEDULERS: Registry[Callable[..., Any]] = Registry("scheduler")
-TRACKERS: Registry[Callable[..., Any]] = Registry("tracking")
+COMPONENT_MODULES = ("swinexp.models", "swinexp.data", "swinexp.amp", "swinexp.optim", "swinexp.tracking")
+PLUGIN_GROUP = "swinexp.plugins"  # entry points naming a module of another package that registers components
+_filled = False
+
+
+def fill_registries() -> None:
+    """Import the modules that register components, swinexp's own then the plugins'; once per process."""
+    global _filled
+    if _filled:
+        return
+    _filled = True  # set first: the imported modules register (not read), and a read during import must not recurse
+    try:
+        for module in COMPONENT_MODULES:
+            importlib.import_module(module)
+        for plugin in entry_points(group=PLUGIN_GROUP):
+            try:
+                plugin.load()
+            except ImportError as err:
+                raise ImportError(f"swinexp plugin '{plugin.name} = {plugin.value}' (entry point group "
+                                  f"{PLUGIN_GROUP}) failed to import: {err}; fix or uninstall its package") from err
+    except BaseException:
+        _filled = False
+        raise
+
+
+def import_modules(modules: Iterable[str], key: str = "imports") -> None:
+    """Import the user's component modules listed in the config (`imports: [my_pkg.models]`) so they register."""
+    for module in modules:
+        try:
+            importlib.import_module(str(module))
+        except ModuleNotFoundError as err:
+            raise ConfigError(f"{key}: cannot import '{module}' ({err}); install the package that holds it, put its "
+                              f"folder on PYTHONPATH, or remove it from {key}") from err
+
+
+MODELS: Registry[Callable[..., Any]] = Registry("model", fill_registries)
+DATASETS: Registry[Callable[..., Any]] = Registry("data", fill_registries)
+AUGMENTS: Registry[Callable[..., Any]] = Registry("data.augment", fill_registries)
+AMP_POLICIES: Registry[Callable[..., Any]] = Registry("amp", fill_registries)
+OPTIMIZERS: Registry[Callable[..., Any]] = Registry("optimizer", fill_registries)
+SCHEDULERS: Registry[Callable[..., Any]] = Registry("scheduler", fill_registries)
+TRACKERS: Registry[Callable[..., Any]] = Registry("tracking", fill_registries)

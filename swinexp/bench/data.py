@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from swinexp.bench.harness import CONF_DIR
+from swinexp.bench.harness import IMPORT_ROOT
 from swinexp.bench.host import describe
 from swinexp.bench.options import Options
 from swinexp.bench.table import BenchResult, Table
@@ -32,7 +32,7 @@ from swinexp.data.transforms import EvalTransform, Transform
 
 __all__ = ["CIFAR_TRAIN", "run", "source_images"]
 
-CIFAR_TRAIN = CONF_DIR.parents[1] / "shared" / "datasets" / "cifar10" / "train.tar"
+CIFAR_TRAIN = IMPORT_ROOT.parent / "shared" / "datasets" / "cifar10" / "train.tar"
 CLASSES = 10  # images go to class folders round-robin: labels do not matter for throughput
 
 

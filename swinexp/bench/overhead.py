@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from swinexp.bench.harness import CONF_DIR, compose
+from swinexp.bench.harness import IMPORT_ROOT, compose
 from swinexp.bench.host import describe, load_average
 from swinexp.bench.options import Options
 from swinexp.bench.table import BenchResult, Table
@@ -51,7 +51,7 @@ def time_startups(overrides: list[str], runs: int) -> list[dict]:
     out = []
     for i in range(runs):
         spawned = time.time()
-        done = subprocess.run([sys.executable, "-c", STARTUP_CODE, str(STEADY_STEPS), *overrides], cwd=CONF_DIR.parent,
+        done = subprocess.run([sys.executable, "-c", STARTUP_CODE, str(STEADY_STEPS), *overrides], cwd=IMPORT_ROOT,
                               check=True, stdout=subprocess.PIPE, text=True)
         stamps = {**json.loads(done.stdout.strip().splitlines()[-1]), "spawned": spawned}
         progress(f"start-up {i + 1}/{runs}: first step done {stamps['first_step'] - spawned:.1f} s after spawn")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
-from swinexp.bench.harness import CONF_DIR, build_train_step, compose, forward_flops, make_step_call, random_batch
+from swinexp.bench.harness import IMPORT_ROOT, build_train_step, compose, forward_flops, make_step_call, random_batch
 from swinexp.bench.host import MemoryGuard, describe
 from swinexp.bench.options import Options
 from swinexp.bench.table import BenchResult, Table
@@ -148,7 +148,7 @@ def measure_in_groups(opts: Options, variants: list[Variant]) -> tuple[list[Meas
             worker = replace(opts, variants=tuple(v.name for v in group), max_resident=0)
             cmd = [sys.executable, "-m", "swinexp.bench", "step", *worker.to_argv(), f"--json-out={out}",
                    f"--group={index}"]
-            status = subprocess.run(cmd, cwd=CONF_DIR.parent, check=False).returncode
+            status = subprocess.run(cmd, cwd=IMPORT_ROOT, check=False).returncode
             if status != 0:  # the other groups still count: report this one's variants as left out
                 progress(f"process {index}/{len(groups)} failed with exit status {status}; going on")
                 failed.update({v.name: f"its process exited with status {status} (error above)" for v in group[1:]})

@@ -1,18 +1,17 @@
 """`create_model`: the Python entry point, built from the same registry and `conf/model/<name>.yaml` as `run.py`."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from mindspore import nn
 from omegaconf import OmegaConf
 
-from swinexp.config import load_option
+from swinexp.config import CONF_DIR, load_option
 from swinexp.registry import MODELS, ConfigError
 
 __all__ = ["MODEL_CONF_DIR", "create_model", "model_defaults"]
 
-MODEL_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
+MODEL_CONF_DIR = CONF_DIR / "model"
 
 
 def model_defaults(name: str) -> dict[str, Any]:
@@ -28,11 +27,13 @@ def model_defaults(name: str) -> dict[str, Any]:
         Key to plain value (lists, not ListConfig).
 
     Raises:
-        ConfigError: `name` is not registered (listing the choices) or has no YAML file.
+        ConfigError: `name` is not registered (listing the choices) or, for swinexp's own models, has no YAML file.
     """
-    MODELS.get(name)  # unknown names fail here, with the choices and a close match
+    builder = MODELS.get(name)  # unknown names fail here, with the choices and a close match
     path = MODEL_CONF_DIR / f"{name}.yaml"
     if not path.is_file():
+        if not builder.__module__.startswith("swinexp."):
+            return {}  # a plugin's model: its builder's own defaults (its YAML lives in the user's config dir)
         raise ConfigError(f"model '{name}' is registered but {path} is missing; add it (see conf/model/swin_tiny.yaml)")
     values = OmegaConf.to_container(load_option(MODEL_CONF_DIR, name), resolve=True)
     return {k: v for k, v in values.items() if k != "name"}
@@ -55,5 +56,6 @@ def create_model(name: str, pretrained: str | None = None, num_classes: int = 10
     Raises:
         ConfigError: Unknown name or parameter, invalid value, or a weight file that does not fit.
     """
-    kwargs = {**model_defaults(name), "num_classes": num_classes, "pretrained": pretrained, **overrides}
+    weights = {"pretrained": pretrained} if pretrained else {}  # a plugin's builder need not take `pretrained`
+    kwargs = {**model_defaults(name), "num_classes": num_classes, **weights, **overrides}
     return MODELS.build({"name": name, **kwargs})

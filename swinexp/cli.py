@@ -1,0 +1,28 @@
+"""The `swinexp` command (also `python -m swinexp` and `python run.py`): train one configuration, or a sweep with `-m`.
+
+`swinexp [group=option ...] [key=value ...]`; `--help` lists the config groups, `--cfg job` prints the composed
+config, `-cd DIR` adds the user's own config directory (e.g. `DIR/model/my_model.yaml`) to swinexp's `conf/`.
+"""
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from swinexp.config import CONF_DIR
+from swinexp.registry import ConfigError
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from swinexp.runtime import launch
+    from swinexp.train import JobInfo, run  # imports MindSpore: only once a job runs, not for --help / --cfg
+
+    try:
+        metrics = run(cfg, JobInfo.from_hydra(HydraConfig.get()))
+    except ConfigError as err:  # a user mistake: say what to fix, without a traceback
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the sweep records this job as failed and goes on with the next
+        raise launch.exit_for_config_error(err) from None  # under msrun: a line the launching process finds
+    return metrics.get(cfg.optimized_metric) if cfg.get("optimized_metric") else None
