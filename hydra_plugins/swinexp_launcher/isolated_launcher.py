@@ -103,7 +103,9 @@ class IsolatedLauncher(Launcher):
             raise RuntimeError(f"hydra/launcher=isolated re-runs the script that started the sweep, but sys.argv[0]="
                                f"'{sys.argv[0]}' is not a file; start sweeps as `python run.py -m ...`")
         config_name = str(self.config.hydra.job.config_name)
-        return [sys.executable, str(script), f"--config-name={config_name}", *overrides,
+        user_dirs = [f"--config-dir={source.path}" for source in self.config.hydra.runtime.config_sources
+                     if source.provider == "command-line"]  # the sweep's -cd: the job composes the same options
+        return [sys.executable, str(script), *user_dirs, f"--config-name={config_name}", *overrides,
                 f"hydra.run.dir={_quote(str(job_dir))}"]
 
 
