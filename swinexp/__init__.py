@@ -7,7 +7,7 @@ themselves the first time any of them is read — `MODELS.build(...)`, `"swin_ti
 by importing swinexp's component modules and then every installed plugin (entry-point group `swinexp.plugins`);
 modules listed under `imports:` in a config are imported by `swinexp.build` before it builds. A registry is
 therefore never read half filled, and nothing has to be imported "for its side effect" before a build.
-`swinexp.create_model` and the other model/data names below load MindSpore when first used.
+`swinexp.create_model` (resolved lazily, `from swinexp import create_model` works) loads MindSpore on first use.
 """
 from __future__ import annotations
 
