@@ -2,6 +2,7 @@
 from setuptools import find_namespace_packages, setup
 
 RESOURCES = {"swinexp._conf": "conf", "swinexp._sweeps": "sweeps"}  # package inside the wheel -> repository folder
-CODE = find_namespace_packages(include=["swinexp*", "hydra_plugins*"], exclude=["*__pycache__"])  # hydra_plugins: no __init__
+# namespace packages: hydra_plugins has no __init__.py (Hydra's plugin discovery scans it)
+CODE = find_namespace_packages(include=["swinexp*", "hydra_plugins*"], exclude=["*__pycache__"])
 
 setup(packages=[*CODE, *RESOURCES], package_dir=RESOURCES)

@@ -106,7 +106,7 @@ def fill_registries() -> None:
     try:
         for module in COMPONENT_MODULES:
             importlib.import_module(module)
-        for plugin in entry_points(group=PLUGIN_GROUP):
+        for plugin in _plugins():
             try:
                 plugin.load()
             except ImportError as err:
@@ -115,6 +115,13 @@ def fill_registries() -> None:
     except BaseException:
         _filled = False
         raise
+
+
+def _plugins() -> list[Any]:
+    found = entry_points()
+    if hasattr(found, "select"):  # Python >= 3.10
+        return list(found.select(group=PLUGIN_GROUP))
+    return list(found.get(PLUGIN_GROUP, []))  # Python 3.9: a dict of group -> entry points
 
 
 def import_modules(modules: Iterable[str], key: str = "imports") -> None:

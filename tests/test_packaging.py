@@ -36,7 +36,8 @@ def _readme_block(lang: str, first_line: str) -> str:
 
 
 def _pip(*args: str, cwd: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "pip", *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "pip", *args], check=False, cwd=cwd, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
@@ -91,7 +92,8 @@ def _run(installed: dict[str, Path], *args: str, importtime: bool = False) -> su
     script = installed["site"] / "bin" / args[0]
     command = [str(script), *args[1:]] if script.is_file() else [sys.executable, *(["-X", "importtime"] if
                                                                                   importtime else []), *args]
-    out = subprocess.run(command, check=False, cwd=installed["cwd"], env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(command, check=False, cwd=installed["cwd"], env=env, capture_output=True, text=True,
+                         timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     return out
 
@@ -155,8 +157,9 @@ def test_wheel_sweep_of_a_plugin_model_then_report(installed: dict[str, Path]) -
     uri = f"sqlite:///{installed['cwd']}/mlflow.db"
     smoke = [o for o in SMOKE if not o.startswith(("tracking=", "model="))]
     _run(installed, "-m", "swinexp", "-m", "-cd", str(installed["conf"]), "model=swin_nano", *smoke,
-         "trainer.epochs=1", "scheduler=constant", "hardware.mode=pynative", f"data.root={installed['cwd'] / 'data'}", "tracking=mlflow",
-         f"tracking.uri={uri}", "tracking.experiment=wheel", f"hydra.sweep.dir={installed['cwd'] / 'multirun'}")
+         "trainer.epochs=1", "scheduler=constant", "hardware.mode=pynative", f"data.root={installed['cwd'] / 'data'}",
+         "tracking=mlflow", f"tracking.uri={uri}", "tracking.experiment=wheel",
+         f"hydra.sweep.dir={installed['cwd'] / 'multirun'}")
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("wheel").experiment_id])
     (child,) = [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
