@@ -34,14 +34,20 @@ class JobInfo:
     overrides: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
     sweep: SweepInfo | None = None
+    config_dirs: list[str] = field(default_factory=list)  # the user's -cd folders: msrun workers compose with them
 
     @classmethod
     def from_hydra(cls, hydra_cfg: DictConfig) -> JobInfo:
         """From `HydraConfig.get()` inside a Hydra job."""
         in_sweep_process = hydra_cfg.mode == RunMode.MULTIRUN  # launcher=basic; isolated jobs run as single runs
         sweep = sweep_from_env(int(hydra_cfg.job.get("num", 0)) if in_sweep_process else None)
+        config_dirs = [s.path for s in hydra_cfg.runtime.config_sources if s.provider == "command-line"]
         return cls(Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task),
-                   dict(hydra_cfg.runtime.choices), sweep)
+                   dict(hydra_cfg.runtime.choices), sweep, config_dirs)
+
+    def relaunch_args(self) -> list[str]:
+        """The arguments that compose this job again in another process (an msrun worker)."""
+        return [*(f"--config-dir={d}" for d in self.config_dirs), *self.overrides]
 
     def run_name(self) -> str:
         if self.sweep is not None:
@@ -86,11 +92,11 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     """
     hw = hardware_cfg(cfg)
     if cfg.dry_run:
-        print(launch.dry_run_report(cfg, hw, job.overrides, job.run_dir))
+        print(launch.dry_run_report(cfg, hw, job.relaunch_args(), job.run_dir))
         return {}
     check_config(cfg)
     if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
-        status = launch.launch(hw, Path(sys.argv[0]).resolve(), job.overrides, job.run_dir)
+        status = launch.launch(hw, Path(sys.argv[0]).resolve(), job.relaunch_args(), job.run_dir)
         if status != 0:
             raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
         return {}

@@ -171,3 +171,17 @@ def test_wheel_sweep_of_a_plugin_model_then_report(installed: dict[str, Path]) -
                   importtime=True)
     assert f"| {child.info.run_name} |" in report.stdout and "written to" in report.stdout
     assert not MINDSPORE_IMPORTED.search(report.stderr), "the report imported MindSpore"
+
+
+@pytest.mark.slow
+def test_msrun_workers_compose_with_the_user_config_dir(tmp_path: Path) -> None:
+    user = tmp_path / "myconf" / "model"
+    user.mkdir(parents=True)
+    (user / "swin_mine.yaml").write_text("defaults:\n  - swin_micro\n  - _self_\n")
+    smoke = [o for o in SMOKE if not o.startswith(("model=", "hardware="))]
+    out = subprocess.run([sys.executable, "-m", "swinexp", "-cd", str(tmp_path / "myconf"), "model=swin_mine",
+                          *smoke, "hardware=cpu2", "dry_run=true", f"data.root={tmp_path / 'data'}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (msrun,) = [line for line in out.stdout.splitlines() if line.strip().startswith("starts:")]
+    assert f"__main__.py --config-dir={tmp_path / 'myconf'} model=swin_mine" in msrun
