@@ -85,7 +85,8 @@ def git_commit() -> str | None:
 def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     """What the command line asked for: a dry run, an msrun launch, a precision inspection, or a training.
 
-    Every check that needs no model or data runs first, in this process: a config error never waits for msrun.
+    Before an msrun launch, every check that needs no model or data runs in this process: a config error never
+    waits for workers to start.
 
     Returns:
         The final metrics of a training (with `val/top1_best`); {} for the other actions.
@@ -94,8 +95,9 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     if cfg.dry_run:
         print(launch.dry_run_report(cfg, hw, job.relaunch_args(), job.run_dir))
         return {}
-    check_config(cfg)
+    hardware.check_backend(hw)
     if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
+        check_config(cfg)  # a config error never waits for msrun (a single run logs it as a FAILED run)
         status = launch.launch(hw, Path(sys.argv[0]).resolve(), job.relaunch_args(), job.run_dir)
         if status != 0:
             raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
