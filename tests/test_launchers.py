@@ -1,6 +1,7 @@
 """Sweeps beyond one process at a time: parallel isolated jobs on disjoint devices, submitit, Optuna, SLURM nodes.
 
-The slow tests run the real CLI (`python run.py -m ...`) with the real Hydra plugins into real MLflow stores.
+The slow tests run the real CLI (`python run.py -m ...`) with the real Hydra plugins into real MLflow sqlite stores
+(two jobs writing at once, as they do in a parallel sweep).
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from swinexp.runtime import launch
 from swinexp.runtime.devices import DevicePool, Slot, devices_per_job
 from swinexp.runtime.slurm import expand_nodelist
 from tests.conftest import ROOT, SMOKE
-from tests.test_sweeps import mlflow_server  # noqa: F401  (the real tracking server fixture)
 
 
 def _run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -30,8 +30,9 @@ def _run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
 
 
 def _smoke(data_root: Path) -> list[str]:
-    """SMOKE with one epoch and tracking left to the test."""
-    return [o for o in SMOKE if not o.startswith("tracking=")] + [f"data.root={data_root}", "trainer.epochs=1"]
+    """SMOKE with one epoch (so a constant LR: warm-up needs two) and tracking left to the test."""
+    return [o for o in SMOKE if not o.startswith("tracking=")] + [f"data.root={data_root}", "trainer.epochs=1",
+                                                                    "scheduler=constant"]
 
 
 def _runs(uri: str, experiment: str = "swinexp") -> tuple[object, list]:
@@ -130,12 +131,12 @@ def test_a_job_asking_for_more_devices_than_the_host_has_fails_before_it_starts(
 
 
 @pytest.mark.slow
-def test_submitit_local_sweep_lands_as_one_parent_and_two_children(mlflow_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_submitit_local_sweep_lands_as_one_parent_and_two_children(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
     out = _run("-m", "hydra/launcher=submitit_local", "seed=1,2", *_smoke(tmp_path / "data"), "tracking=mlflow",
-               f"tracking.uri={mlflow_server}", "tracking.experiment=submitit",
-               f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
+               f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    parent, children = _runs(mlflow_server, "submitit")
+    parent, children = _runs(uri)
     assert parent.info.run_name == "sweep seed=1,2" and parent.info.status == "FINISHED"
     assert [c.info.run_name for c in children] == ["seed=1", "seed=2"]
     for child in children:
@@ -147,7 +148,8 @@ def test_submitit_local_sweep_lands_as_one_parent_and_two_children(mlflow_server
 @pytest.mark.slow
 def test_optuna_search_logs_trials_as_children_and_the_best_on_the_parent(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = _run("-m", "hparams_search=swin_lr_wd", "hydra.sweeper.n_trials=2", *_smoke(tmp_path / "data"),
+    out = _run("-m", "hparams_search=swin_lr_wd", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+               "hydra.launcher.max_parallel=2", *_smoke(tmp_path / "data"),
                "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     parent, children = _runs(uri)

@@ -178,7 +178,7 @@ class IsolatedLauncher(Launcher):
         if self.max_parallel > 1:  # several jobs' output on one terminal would interleave line by line
             job.output = open(job.dir / JOB_OUTPUT_FILE, "w")  # noqa: SIM115 - open while the job runs
         job.started = time.time()
-        job.proc = subprocess.Popen(self._command(job.overrides, job.dir), env=env, stdout=job.output,
+        job.proc = subprocess.Popen(self._command(job.overrides + _own_port(job), job.dir), env=env, stdout=job.output,
                                     stderr=subprocess.STDOUT if job.output else None,
                                     preexec_fn=job.slot.confine if job.slot else None)  # noqa: PLW1509 - one syscall
         self._record(job, None)
@@ -242,6 +242,15 @@ class IsolatedLauncher(Launcher):
             command.append(f"--config-dir={sources['command-line'].path}")
         command += [o for o in hydra_cfg.overrides.hydra if not o.startswith(NOT_FOR_JOBS)]
         return [*command, *overrides, f"hydra.run.dir={_quote(str(job_dir))}"]
+
+
+def _own_port(job: Job) -> list[str]:
+    """Concurrent msrun jobs on one host each need a scheduler port of their own: the preset's port plus the
+    job's first device id (device sets are disjoint, so the ports are too)."""
+    hw = job.cfg.get("hardware") or {}
+    if job.slot is None or int(hw.get("num_devices", 1)) * int(hw.get("num_nodes", 1)) < 2:
+        return []
+    return [f"hardware.master_port={int(hw.master_port) + job.slot.devices[0]}"]
 
 
 def _result(job_dir: Path, metric: Optional[str]) -> Any:
