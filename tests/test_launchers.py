@@ -6,8 +6,10 @@ The slow tests run the real CLI (`python run.py -m ...`) with the real Hydra plu
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -93,8 +95,12 @@ def test_parallel_jobs_overlap_on_disjoint_cores_and_get_the_config_dir(tmp_path
     # a user's own config dir with an experiment: every job must find it (-cd), not only the sweep process
     (tmp_path / "my_conf" / "experiment").mkdir(parents=True)
     (tmp_path / "my_conf" / "experiment" / "mine.yaml").write_text("# @package _global_\ntrainer:\n  epochs: 1\n")
+    # and an option on hydra.searchpath
+    (tmp_path / "searched" / "optimizer").mkdir(parents=True)
+    (tmp_path / "searched" / "optimizer" / "adamw_slow.yaml").write_text("defaults: [adamw]\nlr: 1.0e-4\n")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = _run("-m", "-cd", "my_conf", "experiment=mine", "seed=1,2", *_smoke(tmp_path / "data"), "tracking=mlflow",
+    out = _run("-m", "-cd", "my_conf", f"hydra.searchpath=[file://{tmp_path / 'searched'}]", "experiment=mine",
+               "optimizer=adamw_slow", "seed=1,2", *_smoke(tmp_path / "data"), "tracking=mlflow",
                f"tracking.uri={uri}", "hydra.launcher.max_parallel=2", f"hydra.sweep.dir={tmp_path / 'multirun'}",
                cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -104,7 +110,7 @@ def test_parallel_jobs_overlap_on_disjoint_cores_and_get_the_config_dir(tmp_path
     assert [c.info.run_name for c in children] == ["seed=1", "seed=2"]
     for num, child in enumerate(children):
         assert child.info.status == "FINISHED" and child.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert child.data.tags["choice.experiment"] == "mine"
+        assert child.data.tags["choice.experiment"] == "mine" and child.data.params["optimizer.lr"] == "0.0001"
         job_dir = tmp_path / "multirun" / str(num)
         assert "val/top1" in json.loads((job_dir / "metrics.json").read_text())
         assert (job_dir / "job.out").is_file() and (job_dir / "run.log").is_file()  # each job logs in its dir
@@ -169,3 +175,30 @@ def test_optuna_search_logs_trials_as_children_and_the_best_on_the_parent(tmp_pa
     assert tags["best.metric"] == "val/top1" and parent.data.params["best.objective"] == tags["best.objective"]
     for key in ("optimizer.lr", "optimizer.weight_decay"):
         assert float(tags[f"best.{key}"]) == pytest.approx(float(best.data.params[key]))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_running_job_and_marks_them_and_the_parent_killed(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    smoke = [o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=1"]
+    command = [sys.executable, str(ROOT / "run.py"), "-m", "seed=1,2", *smoke, "trainer.epochs=50",
+               "trainer.checkpoint.every_n_steps=2", "tracking=mlflow", f"tracking.uri={uri}",
+               "hydra.launcher.max_parallel=2", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    log = tmp_path / "sweep.log"  # a file, not a pipe: an unread pipe fills and blocks the sweep
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    firsts = [tmp_path / "multirun" / str(n) / "checkpoints" / "step-00000002.ckpt" for n in (0, 1)]
+    deadline = time.monotonic() + 600
+    while not all(f.exists() for f in firsts) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None and all(f.exists() for f in firsts), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=300)
+    assert proc.returncode != 0
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    assert {r.info.run_name: r.info.status for r in runs} == {
+        "sweep seed=1,2": "KILLED", "seed=1": "KILLED", "seed=2": "KILLED"}, log.read_text()[-3000:]
+    (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    assert "#0: stopped while running" in parent.data.tags["sweep.failed_jobs"]
+    assert "#1: stopped while running" in parent.data.tags["sweep.failed_jobs"]

@@ -115,6 +115,11 @@ class SweepCallback(Callback):
     running: set[int] = field(default_factory=set)        # job numbers started and not ended
     returned: dict[int, Any] = field(default_factory=dict)  # job number -> the value it returned to the sweeper
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy shipped into a job's process (hydra/launcher=submitit_local, slurm_*) leaves the parent run to the
+        sweep's process, which alone opens, updates and closes it."""
+        return {**self.__dict__, "tracker": None}
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from swinexp.build import build_tracker
 
