@@ -15,6 +15,8 @@ from typing import Callable
 
 import pytest
 import yaml
+from hydra import compose as compose_cfg
+from hydra import initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,7 +25,7 @@ from swinexp.registry import ConfigError
 from swinexp.runtime import launch
 from swinexp.runtime.devices import DevicePool, Slot, devices_per_job
 from swinexp.runtime.slurm import expand_nodelist
-from tests.conftest import ROOT, SMOKE
+from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 
 def _run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -186,11 +188,13 @@ def test_sigterm_stops_every_running_job_and_marks_them_and_the_parent_killed(tm
                "hydra.launcher.max_parallel=2", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
     log = tmp_path / "sweep.log"  # a file, not a pipe: an unread pipe fills and blocks the sweep
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    firsts = [tmp_path / "multirun" / str(n) / "checkpoints" / "step-00000002.ckpt" for n in (0, 1)]
+    def both_checkpointed() -> bool:  # any step checkpoint: older ones are pruned (trainer.checkpoint.keep_last)
+        return all(any((tmp_path / "multirun" / str(n) / "checkpoints").glob("step-*.ckpt")) for n in (0, 1))
+
     deadline = time.monotonic() + 600
-    while not all(f.exists() for f in firsts) and proc.poll() is None and time.monotonic() < deadline:
+    while not both_checkpointed() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert proc.poll() is None and all(f.exists() for f in firsts), log.read_text()[-3000:]
+    assert proc.poll() is None and both_checkpointed(), log.read_text()[-3000:]
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=300)
     assert proc.returncode != 0
@@ -202,3 +206,14 @@ def test_sigterm_stops_every_running_job_and_marks_them_and_the_parent_killed(tm
     (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
     assert "#0: stopped while running" in parent.data.tags["sweep.failed_jobs"]
     assert "#1: stopped while running" in parent.data.tags["sweep.failed_jobs"]
+
+
+@pytest.mark.parametrize("preset,gres", [("slurm_ascend", "npu:8"), ("slurm_gpu", "gpu:8")])
+def test_slurm_presets_are_submitit_slurm_launchers_with_the_cluster_keys(preset: str, gres: str) -> None:
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose_cfg("config", overrides=[f"hydra/launcher={preset}", "hydra.launcher.partition=p"],
+                          return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert (launcher.partition, launcher.gres, launcher.tasks_per_node) == ("p", gres, 1)
+    assert launcher.array_parallelism > 0 and launcher.timeout_min > 0 and launcher.cpus_per_task > 0
