@@ -29,8 +29,8 @@ from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 
 def _run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], check=False, cwd=cwd, capture_output=True, text=True,
-                          timeout=900, env=env)
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], check=False, cwd=cwd, capture_output=True,
+                          text=True, timeout=900, env=env)
 
 
 def _smoke(data_root: Path) -> list[str]:

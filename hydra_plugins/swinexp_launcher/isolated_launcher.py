@@ -6,9 +6,9 @@ hydra overrides> <its overrides> hydra.run.dir=<its sweep subdir>`, so it starts
 run id reaches it through its hydra config (`hydra.job.env_set`, set by `swinexp.tracking.sweep.SweepCallback`),
 its job number through the environment.
 
-With `hydra.launcher.max_parallel=N`, N jobs run at once, each on devices of its own (see `swinexp.runtime.devices`): a job
-waits until enough devices are free. A failing job does not stop the others; SIGTERM or Ctrl-C stops every
-running job (each checkpoints) and then the sweep.
+With `hydra.launcher.max_parallel=N`, N jobs run at once, each on devices of its own (see
+`swinexp.runtime.devices`): a job waits until enough devices are free. A failing job does not stop the others;
+SIGTERM or Ctrl-C stops every running job (each checkpoints) and then the sweep.
 """
 # Hydra's plugin scan runs this module outside sys.modules, where a dataclass cannot resolve string annotations:
 # so no `from __future__ import annotations`, and Optional[...] where a dataclass or signature evaluates the type.

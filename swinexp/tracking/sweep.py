@@ -130,7 +130,8 @@ class SweepCallback(Callback):
         # Creating the experiment here, once, avoids jobs racing to create it.
         self.tracker = build_tracker(config)
         parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
-            "sweep.role": "parent", "sweep.keys": ",".join(keys), "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
+            "sweep.role": "parent", "sweep.keys": ",".join(keys),
+            "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
             "overrides": " ".join(config.hydra.overrides.task)})
         self.tracker.log_params({"sweep.definition": " ".join(sweeps),
                                  "sweep.fixed_overrides": " ".join(o for o in config.hydra.overrides.task
@@ -146,7 +147,8 @@ class SweepCallback(Callback):
         if self.tracker is None:
             return
         if self.running:
-            self.failed += [f"#{num}: stopped while running (the sweep was interrupted)" for num in sorted(self.running)]
+            self.failed += [f"#{num}: stopped while running (the sweep was interrupted)"
+                            for num in sorted(self.running)]
             self.tracker.set_tags({"sweep.failed_jobs": "\n".join(self.failed)[:5000]})
             self.tracker.close("KILLED")
             self.tracker = None
