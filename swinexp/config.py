@@ -87,12 +87,18 @@ def load_option(group_dir: Path, name: str) -> DictConfig:
 
 
 def register_resolvers() -> None:
-    """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed, and
-    `${swinexp.help_groups:}`, the config groups `--help` lists."""
+    """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed;
+    `${swinexp.help_groups:}`, the config groups `--help` lists; `${swinexp.slurm_node_rank:0}` and
+    `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default."""
     if not OmegaConf.has_resolver("swinexp.help_groups"):
         OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
     if not OmegaConf.has_resolver("swinexp.floordiv"):
         OmegaConf.register_new_resolver("swinexp.floordiv", lambda a, b: int(a) // int(b))
+    if not OmegaConf.has_resolver("swinexp.slurm_node_rank"):  # multi-node presets inside a SLURM job
+        from swinexp.runtime import slurm
+
+        OmegaConf.register_new_resolver("swinexp.slurm_node_rank", lambda default: slurm.node_rank(int(default)))
+        OmegaConf.register_new_resolver("swinexp.slurm_master_addr", lambda default: slurm.master_addr(str(default)))
 
 
 def register_schemas() -> None:

@@ -6,11 +6,9 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hydra.types import RunMode
 from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
@@ -22,7 +20,7 @@ from swinexp.engine.resume import check_compatible, locate, remember_run_id, sav
 from swinexp.runtime import hardware, launch
 from swinexp.runtime.interrupt import Interrupted
 from swinexp.tracking import NullTracker, flatten
-from swinexp.tracking.sweep import SweepInfo, sweep_from_env
+from swinexp.tracking.sweep import SweepInfo, sweep_of
 
 log = logging.getLogger("swinexp")
 
@@ -39,11 +37,9 @@ class JobInfo:
     @classmethod
     def from_hydra(cls, hydra_cfg: DictConfig) -> JobInfo:
         """From `HydraConfig.get()` inside a Hydra job."""
-        in_sweep_process = hydra_cfg.mode == RunMode.MULTIRUN  # launcher=basic; isolated jobs run as single runs
-        sweep = sweep_from_env(int(hydra_cfg.job.get("num", 0)) if in_sweep_process else None)
         config_dirs = [s.path for s in hydra_cfg.runtime.config_sources if s.provider == "command-line"]
         return cls(Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task),
-                   dict(hydra_cfg.runtime.choices), sweep, config_dirs)
+                   dict(hydra_cfg.runtime.choices), sweep_of(hydra_cfg), config_dirs)
 
     def relaunch_args(self) -> list[str]:
         """The arguments that compose this job again in another process (an msrun worker)."""
@@ -98,7 +94,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     hardware.check_backend(hw)
     if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
         check_config(cfg)  # a config error never waits for msrun (a single run logs it as a FAILED run)
-        status = launch.launch(hw, Path(sys.argv[0]).resolve(), job.relaunch_args(), job.run_dir)
+        status = launch.launch(hw, launch.entry_script(), job.relaunch_args(), job.run_dir)
         if status != 0:
             raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
         return {}

@@ -26,7 +26,8 @@ RUNTIME_ARGS = {"data/augment": {"img_size", "num_classes", "label_smoothing"}, 
 def group_options() -> list[tuple[str, str]]:
     """Every selectable option; `base_*` files are what the options of their group extend, not options."""
     return sorted((str(p.parent.relative_to(CONF_DIR)), p.stem) for p in CONF_DIR.rglob("*.yaml")
-                  if p.parent != CONF_DIR and not p.parent.name == "hydra" and not p.stem.startswith("base_"))
+                  if p.parent != CONF_DIR and "hydra" not in p.relative_to(CONF_DIR).parts
+                  and not p.stem.startswith("base_"))
 
 
 def _tiny_model() -> nn.Cell:
@@ -88,6 +89,9 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
         preset = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
         assert all(cfg.model[k] == v for k, v in preset.items())
         assert REGISTRIES["model"].build(node(cfg, "model")) is not None
+    elif group == "hparams_search":  # every searched key is a key of the composed config
+        searched = OmegaConf.load(CONF_DIR / group / f"{option}.yaml").hydra.sweeper.params
+        assert searched and all(OmegaConf.select(cfg, key) is not None for key in searched)
     elif group == "data":
         spec = REGISTRIES[group].build({k: v for k, v in node(cfg, group).items() if k != "augment"})
         assert spec.num_classes == cfg.data.num_classes

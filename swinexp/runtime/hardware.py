@@ -1,6 +1,7 @@
 """The one place that writes MindSpore's global state: execution context, determinism and seeds."""
 from __future__ import annotations
 
+import os
 import random
 
 import mindspore as ms
@@ -57,6 +58,8 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
     check_backend(hw)
     ms.set_device(hw.device_target)
     ms.set_context(mode=MODES[hw.mode])
+    if hw.device_target == "CPU":
+        size_cpu_threads_to_affinity()
     if hw.jit_level is not None:
         ms.set_context(jit_config={"jit_level": hw.jit_level})
     if deterministic:
@@ -66,6 +69,17 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
                                      device_num=get_group_size())
     set_seed(seed)  # the same seed on every rank: identical initial weights, rank-specific data via the shard
+
+
+def size_cpu_threads_to_affinity() -> None:
+    """A process pinned to fewer cores (`hydra.launcher.max_parallel`, taskset) runs MindSpore's CPU kernels on
+    that many threads, not on its default 25, which would fight over the cores with the other jobs."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < (os.cpu_count() or cores):
+        try:
+            ms.device_context.cpu.op_tuning.threads_num(cores)
+        except RuntimeError:  # set already in this process (it can be set once)
+            pass
 
 
 def context_summary(hw: HardwareCfg) -> dict[str, object]:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from swinexp.config import HardwareCfg
 from swinexp.data.pipeline import EpochSampler
 from swinexp.registry import ConfigError
+from swinexp.runtime import slurm
 
 LOG_TAIL_LINES = 40
 CONFIG_ERROR_STATUS = 78  # a worker's exit status for a ConfigError: sysexits.h's EX_CONFIG
@@ -49,6 +50,13 @@ def needs_launch(hw: HardwareCfg) -> bool:
 
 def log_dir(hw: HardwareCfg, run_dir: Path) -> Path:
     return Path(hw.log_dir) if hw.log_dir else run_dir / "msrun"
+
+
+def entry_script() -> Path:
+    """The file every job and msrun worker runs: the package's `__main__.py` (`python -m swinexp` run as a file),
+    found from the package, not from `sys.argv[0]` (which under another Hydra launcher, e.g. submitit, is that
+    launcher's own entry point). It is in every install, editable or wheel."""
+    return Path(__file__).resolve().parents[1] / "__main__.py"
 
 
 def msrun_command(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -> list[str]:
@@ -128,12 +136,16 @@ def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_d
     lines = [f"dry run: {world} worker(s) = {hw.num_devices} per node x {hw.num_nodes} node(s), "
              f"device_target={hw.device_target}"]
     if world > 1:
-        script = Path(sys.argv[0]).resolve()
+        script = entry_script()
+        in_slurm = slurm.describe()
+        if in_slurm:
+            lines.append(in_slurm)
         for node_rank in range(hw.num_nodes):
             per_node = replace(hw, node_rank=node_rank)
-            lines.append(f"node {node_rank}: python run.py {' '.join(overrides)} hardware.node_rank={node_rank}"
-                         f"{'' if hw.num_nodes == 1 else ' hardware.master_addr=<node 0 address>'}\n  starts: "
-                         f"{' '.join(msrun_command(per_node, script, overrides, run_dir))}")
+            given = ("" if hw.num_nodes == 1 or in_slurm else " hardware.master_addr=<node 0 address>")
+            here = " (this node)" if in_slurm and node_rank == hw.node_rank else ""
+            lines.append(f"node {node_rank}{here}: python run.py {' '.join(overrides)} hardware.node_rank={node_rank}"
+                         f"{given}\n  starts: {' '.join(msrun_command(per_node, script, overrides, run_dir))}")
     else:
         lines.append("single process: no msrun")
     lines.append("mindspore context: " + ", ".join(f"{k}={v}" for k, v in context_summary(hw).items()))

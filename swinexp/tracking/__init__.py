@@ -40,6 +40,8 @@ class Tracker(Protocol):
     def log_params(self, params: Mapping[str, Any]) -> None: ...
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
     def log_artifact(self, path: Path) -> None: ...
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+    def set_status(self, status: str) -> None: ...  # RUNNING, FAILED, ... while the run stays open
     def close(self, status: str = "FINISHED") -> None: ...
 
 
@@ -61,6 +63,12 @@ class NullTracker:
         pass
 
     def log_artifact(self, path: Path) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+    def set_status(self, status: str) -> None:
         pass
 
     def close(self, status: str = "FINISHED") -> None:
@@ -305,6 +313,16 @@ class MlflowTracker:
 
     def log_artifact(self, path: Path) -> None:
         self._call(lambda: self.client.log_artifact(self._store_run_id, str(path)))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._tags.update(tags)
+        batch = [RunTag(k, str(v)[:MAX_PARAM_CHARS]) for k, v in tags.items()]
+        self._call(lambda: self.client.log_batch(self._store_run_id, tags=batch))
+
+    def set_status(self, status: str) -> None:
+        self._call(lambda: self.client.update_run(self._store_run_id, status=status))
 
     def close(self, status: str = "FINISHED") -> None:
         if self._store_run_id is not None:

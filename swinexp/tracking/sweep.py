@@ -1,8 +1,10 @@
 """Hydra multirun -> MLflow: one parent run per sweep, one child run per job named by what the sweep varies.
 
 `SweepCallback` is registered in `conf/config.yaml` under `hydra.callbacks`; Hydra calls it around the sweep and
-each job. It hands the parent run id to the jobs through the environment, because the default launcher
-(`hydra/launcher=isolated`) runs every job in a process of its own.
+each job. It hands the parent run id to the jobs through their config: it adds `hydra.job.env_set` overrides to
+the sweep's hydra overrides, which every launcher composes into each job's config (and so ships to a job on another
+node), and which set the environment of the job's process (the default launcher, `hydra/launcher=isolated`, runs
+every job in a process of its own).
 """
 from __future__ import annotations
 
@@ -10,17 +12,18 @@ import atexit
 import logging
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from swinexp import tracking
-from swinexp.tracking import MlflowTracker
+from swinexp.tracking import Tracker
 
 log = logging.getLogger("swinexp")
 
@@ -63,43 +66,77 @@ def sweep_overrides(config: DictConfig) -> list[str]:
     return [o for o, parsed in zip(given, parser.parse_overrides(given)) if parsed.is_sweep_override()]
 
 
-def sweep_from_env(job_num: int | None = None) -> SweepInfo | None:
-    """The SweepInfo of the current job, or None outside a tracked sweep.
+def sweep_of(hydra_cfg: DictConfig) -> SweepInfo | None:
+    """The SweepInfo of the current job (from `HydraConfig.get()`), or None outside a tracked sweep.
 
-    Args:
-        job_num: Hydra's job number when the job runs inside the sweep's process; None in a job process started by
-            the isolated launcher, which passes the number in the environment.
+    The parent run comes from the job's `hydra.job.env_set` (set by SweepCallback), else the environment. The job
+    number is Hydra's when the job runs as a job of the multirun (launcher basic, submitit); a job process started
+    by the isolated launcher is a single run, and gets its number in the environment.
     """
-    parent = os.environ.get(PARENT_RUN_ENV)
-    if job_num is None:
+    given = {**os.environ, **(hydra_cfg.job.get("env_set") or {})}
+    parent = given.get(PARENT_RUN_ENV)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        job_num: int | None = int(hydra_cfg.job.get("num", 0))
+    else:
         job_num = int(os.environ[JOB_NUM_ENV]) if os.environ.get(JOB_NUM_ENV) else None
     if not parent or job_num is None:
         return None
-    return SweepInfo(parent, tuple(k for k in os.environ.get(SWEEP_KEYS_ENV, "").split(",") if k), job_num)
+    return SweepInfo(parent, tuple(k for k in given.get(SWEEP_KEYS_ENV, "").split(",") if k), job_num)
+
+
+def for_every_job(config: DictConfig, env: Mapping[str, str]) -> None:
+    """Put `env` into the hydra config of every job the sweep composes (launchers compose each job from the
+    sweep's hydra overrides plus its own), as `hydra.job.env_set` entries."""
+    with open_dict(config):
+        for key, value in env.items():
+            quoted = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+            config.hydra.overrides.hydra.append(f"++hydra.job.env_set.{key}={quoted}")
+
+
+def optimization_result(sweep_dir: Path) -> dict[str, Any] | None:
+    """What a search sweeper (hydra/sweeper=optuna) found: {'best_params': {...}, 'best_value': x}, or None."""
+    path = sweep_dir / "optimization_results.yaml"
+    if not path.is_file():
+        return None
+    result = OmegaConf.to_container(OmegaConf.load(path))
+    return result if isinstance(result, dict) and "best_params" in result else None
 
 
 @dataclass
 class SweepCallback(Callback):
-    """Creates the parent run before the first job, keeps its status current, and lists failed jobs."""
+    """Creates the parent run before the first job, keeps its status current, and lists failed jobs.
+
+    After a search (hydra/sweeper=optuna) the parent run gets the best trial: `best.<key>` params and tags, the
+    objective as `best.objective` (and the metric's name as `best.metric`), and the job as `best.job`.
+    """
 
     failed: list[str] = field(default_factory=list)
-    tracker: MlflowTracker | None = None
-    job_running: int | None = None
+    tracker: Tracker | None = None
+    running: set[int] = field(default_factory=set)        # job numbers started and not ended
+    returned: dict[int, Any] = field(default_factory=dict)  # job number -> the value it returned to the sweeper
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy shipped into a job's process (hydra/launcher=submitit_local, slurm_*) leaves the parent run to the
+        sweep's process, which alone opens, updates and closes it."""
+        return {**self.__dict__, "tracker": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from swinexp.build import build_tracker
+
         if config.tracking.get("name") != "mlflow":
             return
         sweeps = sweep_overrides(config)
         keys = tuple(dict.fromkeys(override_key(o) for o in sweeps))
         # Creating the experiment here, once, avoids jobs racing to create it.
-        self.tracker = tracking.mlflow(**{k: v for k, v in OmegaConf.to_container(config.tracking, resolve=True).items()
-                                          if k != "name"})
+        self.tracker = build_tracker(config)
         parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
-            "sweep.role": "parent", "sweep.keys": ",".join(keys), "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
+            "sweep.role": "parent", "sweep.keys": ",".join(keys),
+            "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
             "overrides": " ".join(config.hydra.overrides.task)})
         self.tracker.log_params({"sweep.definition": " ".join(sweeps),
                                  "sweep.fixed_overrides": " ".join(o for o in config.hydra.overrides.task
                                                                    if o not in sweeps)})
+        for_every_job(config, {PARENT_RUN_ENV: parent or "", SWEEP_KEYS_ENV: ",".join(keys)})
         os.environ[PARENT_RUN_ENV] = parent or ""
         os.environ[SWEEP_KEYS_ENV] = ",".join(keys)
         os.environ.pop("MLFLOW_RUN_ID", None)  # it would override the parent link of every child
@@ -109,9 +146,10 @@ class SweepCallback(Callback):
         """At exit without on_multirun_end: failed jobs (Hydra raises after the last one) or an interrupted sweep."""
         if self.tracker is None:
             return
-        if self.job_running is not None:
-            self.failed.append(f"#{self.job_running}: stopped while running (the sweep was interrupted)")
-            self.tracker.client.set_tag(self.tracker.run_id, "sweep.failed_jobs", "\n".join(self.failed)[:5000])
+        if self.running:
+            self.failed += [f"#{num}: stopped while running (the sweep was interrupted)"
+                            for num in sorted(self.running)]
+            self.tracker.set_tags({"sweep.failed_jobs": "\n".join(self.failed)[:5000]})
             self.tracker.close("KILLED")
             self.tracker = None
         else:
@@ -121,26 +159,41 @@ class SweepCallback(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self.tracker is not None:  # Hydra calls this in single runs too, where hydra.job.num is unset
-            self.job_running = int(config.hydra.job.num)
-            self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
+            self.running.add(int(config.hydra.job.num))
+            self.tracker.set_status("RUNNING")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        self.job_running = None
         if OmegaConf.select(config, "hydra.job.num") is None:  # a single run (also an isolated job): no sweep job
             return
+        num = int(config.hydra.job.num)
+        self.running.discard(num)
         if job_return.status is JobStatus.FAILED:
             error = job_return._return_value  # the exception; reading .return_value would re-raise it
-            self.failed.append(f"#{config.hydra.job.num} {' '.join(job_return.overrides or [])}: "
-                               f"{type(error).__name__}: {error}")
-            log.error("sweep job #%s failed; the sweep goes on. %s", config.hydra.job.num, self.failed[-1])
+            self.failed.append(f"#{num} {' '.join(job_return.overrides or [])}: {type(error).__name__}: {error}")
+            log.error("sweep job #%s failed; the sweep goes on. %s", num, self.failed[-1])
+        else:
+            self.returned[num] = job_return._return_value
         if self.tracker is not None:
-            self.tracker.client.update_run(self.tracker.run_id, status="FAILED" if self.failed else "FINISHED")
+            self.tracker.set_status("FAILED" if self.failed else "RUNNING" if self.running else "FINISHED")
             if self.failed:
-                self.tracker.client.set_tag(self.tracker.run_id, "sweep.failed_jobs", "\n".join(self.failed)[:5000])
+                self.tracker.set_tags({"sweep.failed_jobs": "\n".join(self.failed)[:5000]})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra calls this only when every job succeeded; a failed job makes Hydra raise after the last job.
+        result = optimization_result(Path(str(config.hydra.sweep.dir)))
+        if result is not None and self.tracker is not None:
+            self._log_best(result, config.get("optimized_metric"))
         self._finish()
+
+    def _log_best(self, result: dict[str, Any], metric: str | None) -> None:
+        assert self.tracker is not None
+        best = {f"best.{k}": v for k, v in result["best_params"].items()}
+        jobs = [num for num, value in sorted(self.returned.items()) if value == result["best_value"]]
+        tags = {**best, "best.objective": result["best_value"], "best.metric": metric or "",
+                **({"best.job": jobs[0]} if jobs else {})}
+        self.tracker.log_params({**best, "best.objective": result["best_value"]})
+        self.tracker.set_tags({k: str(v) for k, v in tags.items()})
+        log.info("best trial: %s", " ".join(f"{k}={v}" for k, v in tags.items()))
 
     def _finish(self) -> None:
         if self.failed:  # the sweep's last words, on stderr whatever Hydra did with the logging setup
@@ -150,4 +203,3 @@ class SweepCallback(Callback):
             self.tracker = None
         os.environ.pop(PARENT_RUN_ENV, None)
         os.environ.pop(SWEEP_KEYS_ENV, None)
-

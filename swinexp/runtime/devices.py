@@ -1,0 +1,107 @@
+"""The devices of this host and how `hydra/launcher=isolated` shares them out between concurrent jobs.
+
+A job gets a set of device ids of its own: Ascend cards through `ASCEND_RT_VISIBLE_DEVICES`, GPUs through
+`CUDA_VISIBLE_DEVICES` (the job then sees them as devices 0..n-1), CPU cores through the process's affinity
+(`os.sched_setaffinity`); `swinexp.runtime.hardware.apply` sizes MindSpore's CPU kernel thread pool to the cores
+the process may use, and `OMP_NUM_THREADS` does the same for OpenMP code.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from swinexp.registry import ConfigError
+
+VISIBLE_DEVICES_ENV = {"Ascend": "ASCEND_RT_VISIBLE_DEVICES", "GPU": "CUDA_VISIBLE_DEVICES"}
+UNIT = {"Ascend": "Ascend card", "GPU": "GPU", "CPU": "CPU core"}
+
+
+def host_devices(device_target: str, declared: Sequence[int] | None = None) -> list[int]:
+    """The device ids this sweep may hand out: `declared` (hydra.launcher.devices), else what the host shows.
+
+    Ascend and GPU: the ids in the visible-devices variable if set, else the device files (/dev/davinciN) or
+    `nvidia-smi -L`. CPU: the cores this process may run on.
+    """
+    if declared:
+        return [int(d) for d in declared]
+    if device_target == "CPU":
+        return sorted(os.sched_getaffinity(0))
+    visible = os.environ.get(VISIBLE_DEVICES_ENV[device_target], "").strip()
+    if visible:
+        return [int(d) for d in visible.split(",") if d.strip()]
+    if device_target == "Ascend":
+        return sorted(int(m.group(1)) for p in Path("/dev").glob("davinci*")
+                      if (m := re.fullmatch(r"davinci(\d+)", p.name)))
+    if shutil.which("nvidia-smi") is None:
+        return []
+    listing = subprocess.run(["nvidia-smi", "-L"], check=False, capture_output=True, text=True, timeout=30).stdout
+    return list(range(sum(line.startswith("GPU ") for line in listing.splitlines())))
+
+
+def devices_per_job(device_target: str, num_devices: int, requested: int | None, host: Sequence[int],
+                    max_parallel: int) -> int:
+    """How many devices one job takes; ConfigError when it needs more than it may have or the host has.
+
+    Args:
+        num_devices: the job's hardware.num_devices (msrun workers on this node; each Ascend/GPU worker needs a card).
+        requested: hydra.launcher.devices_per_job; None: hardware.num_devices cards, or an equal share of the cores.
+    """
+    unit = UNIT[device_target]
+    if device_target == "CPU":
+        wanted = requested or max(1, len(host) // max_parallel)
+    else:
+        wanted = requested or num_devices
+        if wanted < num_devices:
+            raise ConfigError(
+                f"hardware.num_devices={num_devices} starts {num_devices} workers, one per {unit}, but "
+                f"hydra.launcher.devices_per_job={wanted}; set hydra.launcher.devices_per_job={num_devices} or "
+                f"lower hardware.num_devices")
+    if wanted < 1:
+        raise ConfigError(f"hydra.launcher.devices_per_job={requested} must be >= 1 (or null)")
+    if wanted > len(host):
+        raise ConfigError(
+            f"the job needs {wanted} {unit}(s) (hydra.launcher.devices_per_job={requested}, hardware.num_devices="
+            f"{num_devices}) but this host has {len(host)}: {list(host)}; lower hydra.launcher.devices_per_job or "
+            f"hardware.num_devices, or declare the host's devices with hydra.launcher.devices=[...]")
+    return wanted
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The devices one job runs on."""
+
+    device_target: str
+    devices: tuple[int, ...]
+
+    def env(self) -> dict[str, str]:
+        """What the job's environment must say about its devices."""
+        ids = ",".join(map(str, self.devices))
+        if self.device_target == "CPU":
+            return {"OMP_NUM_THREADS": str(len(self.devices))}
+        return {VISIBLE_DEVICES_ENV[self.device_target]: ids}
+
+    def confine(self) -> None:
+        """Run in the job's process before it starts (Popen's preexec_fn): pin it to its cores."""
+        if self.device_target == "CPU":
+            os.sched_setaffinity(0, self.devices)
+
+
+class DevicePool:
+    """Free device ids; a job takes the lowest free ids it needs and gives them back when it ends."""
+
+    def __init__(self, device_target: str, devices: Sequence[int]) -> None:
+        self.device_target, self.free = device_target, sorted(devices)
+
+    def take(self, count: int) -> Slot | None:
+        if count > len(self.free):
+            return None
+        taken, self.free = self.free[:count], self.free[count:]
+        return Slot(self.device_target, tuple(taken))
+
+    def give(self, slot: Slot) -> None:
+        self.free = sorted([*self.free, *slot.devices])
