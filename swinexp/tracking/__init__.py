@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from swinexp.registry import TRACKERS, ConfigError
+from swinexp.tracking import store_lock
 
 log = logging.getLogger("swinexp")
 
@@ -189,9 +190,11 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         check_reachable(uri)
-        self.uri, self.client = uri, MlflowClient(tracking_uri=uri)
         try:
-            self.experiment_id = open_experiment(self.client, self.experiment, uri)
+            with store_lock.opening(uri):  # a new sqlite store is migrated by one process at a time
+                self.uri, self.client = uri, MlflowClient(tracking_uri=uri)
+                self.experiment_id = store_lock.retry_locked(
+                    lambda: open_experiment(self.client, self.experiment, uri))
         except Exception as err:  # noqa: BLE001 - any connection/store failure gets the same advice
             raise ConfigError(
                 f"cannot reach the MLflow tracking store tracking.uri='{uri}' ({type(err).__name__}: {err}); "
@@ -232,7 +235,7 @@ class MlflowTracker:
         A failure while the server still answers its health check is a real error and propagates.
         """
         try:
-            return store_call()
+            return store_lock.retry_locked(store_call)  # sqlite: another process may be writing right now
         except ConfigError:
             raise
         except Exception as err:  # noqa: BLE001 - MLflow wraps connection failures in several exception types
