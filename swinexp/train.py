@@ -17,7 +17,7 @@ from swinexp.build import Experiment, build_experiment, build_model, build_track
 from swinexp.config import HardwareCfg
 from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
-from swinexp.runtime import hardware, launch
+from swinexp.runtime import hardware, launch, phases
 from swinexp.runtime.interrupt import Interrupted
 from swinexp.tracking import NullTracker, flatten
 from swinexp.tracking.sweep import SweepInfo, sweep_of
@@ -106,6 +106,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         return {}
     if launch.rank() != 0:  # the other ranks train the same steps silently: one log, one run, one checkpoint
         log.setLevel(logging.WARNING)
+    phases.configure(cfg.debug)
     if cfg.debug.fail_rank is not None and int(cfg.debug.fail_rank) == launch.rank():
         raise RuntimeError(f"debug.fail_rank={cfg.debug.fail_rank}: this worker fails on purpose (to test failure "
                            "handling)")

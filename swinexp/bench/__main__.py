@@ -6,6 +6,7 @@
     python -m swinexp.bench step --max-resident 3              # hosts that cannot hold all compiled variants
     python -m swinexp.bench data --images 512 --workers 2
     python -m swinexp.bench overhead --mlflow                  # also log the table as an MLflow run
+    python -m swinexp.bench chaos --kills 30                   # SIGKILL + resume a training 30 times
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from swinexp.bench import data, overhead, peers, step
+from swinexp.bench import chaos, data, overhead, peers, step
 from swinexp.bench.harness import compose, quiet_cell_teardown, release_compiled
 from swinexp.bench.host import NotEnoughMemory
 from swinexp.bench.options import Options
@@ -31,7 +32,7 @@ from swinexp.registry import ConfigError
 from swinexp.runtime import hardware
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
-    "step": step.run, "peers": peers.run, "data": data.run, "overhead": overhead.run}
+    "step": step.run, "peers": peers.run, "data": data.run, "overhead": overhead.run, "chaos": chaos.run}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
                              "0 = all in one process (default)")
     parser.add_argument("--images", type=int, default=512, help="data: JPEG files per split (default: 512)")
     parser.add_argument("--workers", type=int, default=2, help="data: measure 1..N pipeline workers (default: 2)")
+    parser.add_argument("--kills", type=int, default=3, help="chaos: SIGKILLs of the training (default: 3)")
     parser.add_argument("--mlflow", action="store_true", help="log the tables and figures as an MLflow run "
                                                               "(experiment swinexp-bench)")
     parser.add_argument("--tracking-uri", help="MLflow store for --mlflow (default: ./mlflow.db, as training)")
@@ -79,7 +81,9 @@ def parse(argv: Sequence[str]) -> tuple[list[str], Options, argparse.Namespace]:
                    iters=args.iters, warmup=args.warmup, seed=args.seed,
                    overrides=tuple(item for item in args.items if item not in names),
                    variants=tuple(args.variants), max_resident=args.max_resident, images=args.images,
-                   workers=args.workers)
+                   workers=args.workers, kills=args.kills)
+    if opts.kills < 1:
+        raise ConfigError(f"--kills={opts.kills} must be >= 1")
     if opts.iters < 1 or opts.warmup < 0:
         raise ConfigError(f"--iters={opts.iters} must be >= 1 and --warmup={opts.warmup} >= 0")
     return list(dict.fromkeys(names)) or ["step"], opts, args
@@ -126,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             finally:
                 recorder.close(status)
-    except (ConfigError, NotEnoughMemory, step.WorkerFailed) as err:
+    except (ConfigError, NotEnoughMemory, step.WorkerFailed, chaos.ChaosFailed) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -24,6 +24,7 @@ class Options:
             many runs in its own process with the reference first, for hosts too small to hold them all.
         images: data: JPEG files per split.
         workers: data: measure 1..workers pipeline workers.
+        kills: chaos: SIGKILLs of the training, each followed by a resume.
     """
 
     model: str | None = None
@@ -38,6 +39,7 @@ class Options:
     max_resident: int = 0
     images: int = 512
     workers: int = 2
+    kills: int = 3
 
     def model_overrides(self, model: str | None, batch: int | None, img_size: int | None) -> list[str]:
         """model=..., data.batch_size=..., data.img_size=...: the options given, else the defaults passed here."""
@@ -48,7 +50,8 @@ class Options:
     def to_argv(self) -> list[str]:
         """CLI flags reproducing these options (for worker processes), without the sub-benchmark names."""
         argv = [f"--num-classes={self.num_classes}", f"--iters={self.iters}", f"--warmup={self.warmup}",
-                f"--seed={self.seed}", f"--images={self.images}", f"--workers={self.workers}"]
+                f"--seed={self.seed}", f"--images={self.images}", f"--workers={self.workers}",
+                f"--kills={self.kills}"]
         for flag, value in (("--model", self.model), ("--batch", self.batch), ("--img-size", self.img_size)):
             if value is not None:
                 argv.append(f"{flag}={value}")

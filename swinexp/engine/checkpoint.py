@@ -16,6 +16,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from swinexp.models.convert import fuse_qkv, match_qkv
+from swinexp.runtime import phases
 
 META_PREFIX = "meta."  # progress values (epoch, run id) stored beside the tensors
 
@@ -63,6 +64,7 @@ def save(path: Path, model: nn.Cell, optimizer: nn.Optimizer | None = None,
                        crc_check=True)
     with open(tmp, "rb") as f:  # on disk before the rename makes it visible
         os.fsync(f.fileno())
+    phases.mark("checkpoint")
     os.replace(tmp, path)
     return path
 

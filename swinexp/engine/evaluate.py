@@ -6,6 +6,8 @@ from typing import Callable, Iterable
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from swinexp.runtime import phases
+
 
 def make_eval_step(model: nn.Cell, jit: bool) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
     """(images, labels) -> (summed loss, top-1 hits, top-5 hits) for one batch."""
@@ -39,6 +41,8 @@ def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],
         loss += float(batch_loss)
         top1 += float(batch_top1)
         top5 += float(batch_top5)
+        if count == 0:
+            phases.mark("eval")
         count += int(labels.shape[0])
     if distributed:  # every rank evaluated its own shard: add the sums up so all ranks report the whole set
         loss, top1, top5, count = ops.AllReduce(ops.ReduceOp.SUM)(Tensor([loss, top1, top5, count], ms.float32)).tolist()

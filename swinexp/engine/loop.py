@@ -18,7 +18,7 @@ from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import evaluate, make_eval_step
 from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
 from swinexp.engine.step import TrainStep, make_train_step
-from swinexp.runtime import launch
+from swinexp.runtime import launch, phases
 from swinexp.runtime.interrupt import Interrupted, stop_on_signals
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
                 if profiler:
                     profiler.before_step(step_number)
                 out = train_step(images, targets)
+                phases.mark("step")
                 progress.batches_done += 1
                 progress.losses.append(out.loss)
                 progress.seen += int(images.shape[0])
@@ -124,6 +125,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
             progress.epoch += 1
             progress.start_epoch()
             save(best)
+            phases.mark("mlflow")
             exp.tracker.log_metrics(metrics, step=epoch + 1)  # step 10 = end of the tenth epoch
             _log_epoch(epoch, trainer.epochs, metrics)
             if stop.signum is not None:

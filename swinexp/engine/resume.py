@@ -16,7 +16,8 @@ log = logging.getLogger("swinexp")
 
 PROGRESS_KEY = "progress"      # meta key of the JSON progress record in a checkpoint
 RUN_ID_FILE = "mlflow_run_id"  # in the run dir: the run a restart reopens, even before the first checkpoint
-NOT_COMPARED = ("trainer.resume",)  # may differ between a run and its resumption without a warning
+# may differ between a run and its resumption without a warning
+NOT_COMPARED = ("trainer.resume", "debug.phase_file", "debug.park_at")
 
 
 @dataclass
