@@ -16,6 +16,7 @@ from swinexp.registry import ConfigError
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    from swinexp.engine.checkpoint import CheckpointWriteError
     from swinexp.runtime import launch
     from swinexp.train import JobInfo, run  # imports MindSpore: only once a job runs, not for --help / --cfg
 
@@ -25,4 +26,8 @@ def main(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the sweep records this job as failed and goes on with the next
         raise launch.exit_for_config_error(err) from None  # under msrun: a line the launching process finds
+    except CheckpointWriteError as err:  # disk full, read-only run dir: one line that names the file and the cause
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        raise SystemExit(f"CheckpointWriteError: {err}") from None
     return metrics.get(cfg.optimized_metric) if cfg.get("optimized_metric") else None

@@ -151,8 +151,8 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
     except (Interrupted, KeyboardInterrupt):
         tracker.close("KILLED")
         raise
-    except BaseException:
-        tracker.close("FAILED")
+    except BaseException as err:
+        tracker.close("FAILED", reason=f"{type(err).__name__}: {err}")
         raise
     tracker.close("FINISHED")
     result = {**history[-1], "val/top1_best": max(m["val/top1"] for m in history)}

@@ -27,6 +27,10 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be read back (truncated, corrupted) or does not fit the model."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, file size limit, read-only folder); the previous one is kept."""
+
+
 def state_of(model: nn.Cell, optimizer: nn.Optimizer | None = None) -> list[dict[str, Any]]:
     """Named tensors to save: every model parameter, then the optimizer's own state (moments, step counter)."""
     entries = [{"name": p.name, "data": p} for p in model.get_parameters()]
@@ -55,15 +59,23 @@ def save(path: Path, model: nn.Cell, optimizer: nn.Optimizer | None = None,
         extra: More state under names of its own (loss scale, EMA weights), restored by `load(..., extra=)`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.ckpt")  # MindSpore appends .ckpt to other names
     arrays = fuse_qkv({**{e["name"]: e["data"].asnumpy() for e in state_of(model, optimizer)},
                        **{k: p.asnumpy() for k, p in (extra or {}).items()}})
     meta = {f"{META_PREFIX}{k}": v for k, v in (meta or {}).items()}
-    ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in arrays.items()], str(tmp), append_dict=meta,
-                       crc_check=True)
-    with open(tmp, "rb") as f:  # on disk before the rename makes it visible
-        os.fsync(f.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in arrays.items()], str(tmp), append_dict=meta,
+                           crc_check=True)
+        with open(tmp, "rb") as f:  # on disk before the rename makes it visible
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as err:
+        for partial in (tmp, tmp.with_suffix(".tmp")):  # ours, and the one MindSpore writes before its own rename
+            partial.unlink(missing_ok=True)
+        cause = f"{err.strerror} (errno {err.errno})" if isinstance(err, OSError) and err.strerror else str(err)
+        raise CheckpointWriteError(f"cannot write checkpoint '{path}': {cause}; the previous checkpoint is kept "
+                                   "intact. Free disk space or make the run dir writable, then rerun the same "
+                                   "command to resume from it") from err
     phases.mark("checkpoint")
     os.replace(tmp, path)
     return path

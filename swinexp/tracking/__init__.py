@@ -31,6 +31,7 @@ OFFLINE_STORE = "sqlite:///mlflow-offline.db"  # fallback_uri null: beside mlflo
 CONTINUES_RUN = "swinexp.continues_run"  # a fallback run holding the rest of this (server) run, after it went down
 SYNCED_TO = "swinexp.synced_to"          # set on a fallback run once replayed: the id of its copy in the target
 SYNCED_FROM = "swinexp.synced_from"      # set on the copy: the id of the fallback run it was replayed from
+FAILURE_TAG = "swinexp.failure"          # why a run ended FAILED: "<exception type>: <message>"
 
 
 class Tracker(Protocol):
@@ -43,7 +44,7 @@ class Tracker(Protocol):
     def log_artifact(self, path: Path) -> None: ...
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
     def set_status(self, status: str) -> None: ...  # RUNNING, FAILED, ... while the run stays open
-    def close(self, status: str = "FINISHED") -> None: ...
+    def close(self, status: str = "FINISHED", reason: str | None = None) -> None: ...
 
 
 class NullTracker:
@@ -72,7 +73,7 @@ class NullTracker:
     def set_status(self, status: str) -> None:
         pass
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str = "FINISHED", reason: str | None = None) -> None:
         pass
 
 
@@ -327,8 +328,10 @@ class MlflowTracker:
     def set_status(self, status: str) -> None:
         self._call(lambda: self.client.update_run(self._store_run_id, status=status))
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str = "FINISHED", reason: str | None = None) -> None:
         if self._store_run_id is not None:
+            if reason:
+                self._call(lambda: self.client.set_tag(self._store_run_id, FAILURE_TAG, reason[:5000]))
             self._call(lambda: self.client.set_terminated(self._store_run_id, status))
             if self.offline:
                 log.warning("run %s was logged to the offline store %s; replay it into the server with: %s",
