@@ -76,14 +76,18 @@ def _kill_at(command: list[str], phase: str, occurrence: int, phase_file: Path, 
     with log.open("w") as out:
         proc = subprocess.Popen([*command, *debug], stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while proc.poll() is None and time.monotonic() < deadline:
-        if phase_file.exists() and " parked " in phase_file.read_text():
-            os.kill(proc.pid, signal.SIGKILL)
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if phase_file.exists() and " parked " in phase_file.read_text():
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return Kill(phase, occurrence, hit=True)
+            time.sleep(0.02)
+    finally:  # also when this driver is interrupted: never leave the training running
+        if proc.poll() is None:
+            proc.kill()
             proc.wait()
-            return Kill(phase, occurrence, hit=True)
-        time.sleep(0.02)
-    if proc.poll() is None:
-        proc.kill()
+    if proc.returncode < 0:
         raise ChaosFailed(f"no '{phase} {occurrence}' after {RUN_TIMEOUT_S} s; log {log}")
     if proc.returncode != 0:
         raise ChaosFailed(f"training exited with {proc.returncode} before the kill; log {log}:\n"
