@@ -131,6 +131,14 @@ def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: 
     plt.close(fig)
 
 
+def runs_page_url(tracking_uri: str, experiment_id: str) -> str | None:
+    """The MLflow UI page that lists the experiment's runs (a sweep's children under its parent row), for a tracking
+    server; None for a local store (open it with `mlflow ui`, then Model training -> the experiment)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs"
+
+
 def main(argv: Sequence[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m swinexp.report", description=__doc__)
     parser.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlflow.db in this directory")
@@ -159,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     for name in ("report.md", "report.csv", "curves.png"):
         client.log_artifact(parent.info.run_id, str(out / name), artifact_path="report")
     print(f"{parent.info.run_name}  ({len(runs)} runs, parent {parent.info.run_id})\n\n{table}\nwritten to {out}/")
+    if url := runs_page_url(client.tracking_uri, experiment.experiment_id):
+        print(f"runs page: {url}  (expand the row '{parent.info.run_name}' to see its runs)")
     return table
 
 
