@@ -8,9 +8,12 @@ collectives and data-parallel mode.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,10 +23,18 @@ from swinexp.config import HardwareCfg
 from swinexp.data.pipeline import EpochSampler
 from swinexp.registry import ConfigError
 from swinexp.runtime import slurm
+from swinexp.runtime.watchdog import LAUNCHER_ENV, kill_launched, launched_processes
 
 LOG_TAIL_LINES = 40
 CONFIG_ERROR_STATUS = 78  # a worker's exit status for a ConfigError: sysexits.h's EX_CONFIG
 CONFIG_ERROR_PREFIX = "ConfigError: "  # the line a worker prints for it, found in its log by the launching process
+POLL_S = 1.0
+GRACE_S = 15.0     # after a worker died: time msrun gets to take the others down before the launcher does
+# Runs msrun armed to die with the launcher: `python -c THIS <launcher pid> msrun ...` (exec keeps the death signal;
+# unlike preexec_fn, safe in a process that has threads).
+EXEC_DYING_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "  # PR_SET_PDEATHSIG, SIGKILL
+                          "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+WORKER_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
 
 
 def world_size(hw: HardwareCfg) -> int:
@@ -71,8 +82,33 @@ def msrun_command(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: 
             f"--log_dir={log_dir(hw, run_dir)}", "--join=True", str(script), *own, f"hydra.run.dir={run_dir}"]
 
 
+def _wait_supervised(proc: subprocess.Popen, msrun_out: Path) -> tuple[int, dict[int, int]]:
+    """Wait for msrun; once a worker has died, give msrun GRACE_S to end the job, then end it here.
+
+    Returns:
+        msrun's exit status, and node id -> exit code of every worker that died abnormally.
+    """
+    node_of: dict[int, int] = {}  # worker pid -> node id, learned while they run
+    died_at = None
+    while proc.poll() is None:
+        for pid, env in launched_processes(os.getpid()).items():
+            if env.get("MS_ROLE") == "MS_WORKER" and "MS_NODE_ID" in env and "hydra.run.dir=" in env["cmdline"]:
+                node_of[pid] = int(env["MS_NODE_ID"])  # the worker itself, not its `tail -f` or data processes
+        if died_at is None and WORKER_EXIT.search(msrun_out.read_text(errors="replace")):
+            died_at = time.monotonic()
+        if died_at is not None and time.monotonic() - died_at > GRACE_S:
+            kill_launched(os.getpid())  # a surviving scheduler or worker that waits forever on the dead one
+        time.sleep(POLL_S)
+    exits = {node_of.get(int(pid), -1): int(code)
+             for pid, code in WORKER_EXIT.findall(msrun_out.read_text(errors="replace"))}
+    return proc.returncode, exits
+
+
 def launch(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -> int:
     """Run the msrun command and return its exit status; on failure print the failing workers' log tails.
+
+    Nothing outlives the launch: whatever is left when msrun ends is killed, and a watchdog process kills it all
+    if this process dies first (even by SIGKILL); msrun itself is armed to die with this process.
 
     Raises:
         ConfigError: a worker stopped on a config mistake (its log holds the `ConfigError: ...` line).
@@ -85,12 +121,24 @@ def launch(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -
     logs.mkdir(parents=True, exist_ok=True)
     print(f"launching {world_size(hw)} workers: {' '.join(command)}", flush=True)
     # msrun echoes every worker's log when it ends; keep it in a file and show only what matters here.
+    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3"), LAUNCHER_ENV: str(os.getpid())}
     with open(logs / "msrun.out", "w") as out:
-        status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3")}).returncode
+        watchdog = subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")), str(os.getpid())])
+        armed = [sys.executable, "-c", EXEC_DYING_WITH_PARENT, str(os.getpid()), *command]
+        proc = subprocess.Popen(armed, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            status, exits = _wait_supervised(proc, logs / "msrun.out")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            kill_launched(os.getpid())
+            watchdog.kill()
+            watchdog.wait()
     if status != 0:
         if (message := worker_config_error(logs)) is not None:
             raise ConfigError(message)  # a user mistake: the one line a single run prints, not the logs' tails
-        print(failure_report(logs), file=sys.stderr, flush=True)
+        print(failure_report(logs, exits), file=sys.stderr, flush=True)
     return status
 
 
@@ -113,11 +161,17 @@ def worker_config_error(logs: Path) -> str | None:
     return None
 
 
-def failure_report(logs: Path) -> str:
-    """The tail of every worker log that ends in a Python traceback (or of all logs when none does)."""
+def failure_report(logs: Path, exits: dict[int, int] | None = None) -> str:
+    """The tail of every worker log that ends in a Python traceback, or else of the workers killed by a signal
+    (`exits`: node id -> exit code, negative = signal), or else of all logs."""
     worker_logs = sorted(logs.glob("worker_*.log"))
     failed = [p for p in worker_logs if "Traceback (most recent call last)" in p.read_text(errors="replace")]
     parts = [f"msrun: the distributed job failed; worker logs are in {logs}"]
+    for node, code in sorted((exits or {}).items()):
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        parts.append(f"worker {node} {how}")
+        if not failed and (logs / f"worker_{node}.log").exists():
+            failed.append(logs / f"worker_{node}.log")
     for path in failed or worker_logs:
         lines = [line for line in path.read_text(errors="replace").splitlines()
                  if not line.startswith(("[WARNING]", "[INFO]"))]
