@@ -127,6 +127,17 @@ def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
     _, val = build_loaders(spec, EvalTransform(spec.img_size, 1.0), seed=0)
     assert evaluate(model, val.epoch(0))["val/top1"] == pytest.approx(logged[-1].value, abs=1e-4)
 
+    # repeatable: a second 2-worker run from the first epoch's checkpoint retrains epoch 2, each rank drawing its
+    # stochastic-depth masks from its own key again, and ends with the same weights to the bit
+    assert cfg.model.drop_path_rate > 0
+    rerun = tmp_path / "rerun"
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", f"data.root={tmp_path / 'data'}",
+               "trainer.limit_val_batches=null", "tracking=none",
+               f"trainer.resume={run_dir / 'checkpoints' / 'step-00000003.ckpt'}", f"hydra.run.dir={rerun}",
+               cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert {p.name: p.read_text() for p in rerun.glob("weights_rank*.sha256")} == digests
+
 
 @pytest.mark.slow
 def test_a_failing_worker_fails_the_command_and_shows_its_error(tmp_path: Path) -> None:

@@ -4,6 +4,10 @@ One optimizer step per `accumulation_steps` micro-batches. Per micro-batch the s
 persistent buffer; the last micro-batch of a window then unscales the sum (divided by N), checks it is finite,
 clips its global norm, updates the optimizer (and EMA), adjusts the loss scale, and clears the buffer by
 subtraction. All of that runs inside one jitted function per micro-batch kind; the host only counts micro-batches.
+
+The model's random decisions (stochastic depth, dropout) are inputs of the step, drawn on the host per micro-batch
+from counters (seed, rank, optimizer step, micro-batch, site; models/randomness.py): no kernel RNG state, so a
+resumed or repeated run draws exactly what the original drew.
 """
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.amp import all_finite
 
 from swinexp.amp import AmpPolicy
+from swinexp.models.randomness import RandomSites, draw, philox_key
 from swinexp.registry import ConfigError
+from swinexp.runtime import launch
 
 log = logging.getLogger("swinexp")
 
@@ -89,8 +95,23 @@ def clip_by_global_norm(grads: tuple[Tensor, ...], norm: Tensor, max_norm: float
     return scale_all(grads, ops.minimum(max_norm / (norm + 1e-6), 1.0))
 
 
+def random_sites(model: nn.Cell) -> RandomSites | None:
+    """The `RandomSites` of the network inside `model` (an AMP wrapper's backbone too), or None: it draws nothing."""
+    for _, cell in model.cells_and_names():
+        sites = getattr(cell, "random_sites", None)
+        if isinstance(sites, RandomSites):
+            return sites
+    return None
+
+
 class TrainStep:
     """Callable `(images, soft targets) -> StepOutput`, one micro-batch per call.
+
+    A model with `random_sites` (SwinTransformer) is called as `model(images, drop_scales, dropout_keys)` with the
+    draws of `randomness.draw` for (seed, rank, optimizer step, micro-batch in the window); the optimizer step is
+    read from `optimizer.global_step`, so a step restored from a checkpoint continues the same draws. (A window
+    skipped for overflow leaves the step where it was and the next window reuses its draws; only the losses of
+    the skipped window saw them.)
 
     Args:
         model: the (AMP-cast) network; its output is cast to fp32 for the loss.
@@ -102,12 +123,13 @@ class TrainStep:
         accumulate_on: "device" or "cpu": where the accumulate/clear ops run (primitive_target, graph mode only).
         ema_decay: keep an exponential moving average of the weights, updated per optimizer step; None disables.
         distributed: data parallel under msrun: average the accumulated gradient over ranks at the update only
-            (not per micro-batch), before unscaling, the overflow check and clipping.
+            (not per micro-batch), before unscaling, the overflow check and clipping. Each rank draws its own masks.
+        seed: keys the draws; None takes the process seed (`mindspore.get_seed()`, set by `hardware.apply`).
     """
 
     def __init__(self, model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None = None,
                  jit: bool = True, accumulation_steps: int = 1, accumulate_on: str = "device",
-                 ema_decay: float | None = None, distributed: bool = False) -> None:
+                 ema_decay: float | None = None, distributed: bool = False, seed: int | None = None) -> None:
         if accumulation_steps < 1:
             raise ConfigError(f"trainer.accumulation_steps={accumulation_steps} must be >= 1")
         if accumulate_on not in ACCUMULATE_ON:
@@ -118,13 +140,17 @@ class TrainStep:
         self.params = optimizer.parameters
         self.ema = self.params.clone(prefix="ema", init="same") if ema_decay is not None else None
         self._micro = 0  # micro-batches seen in the current window (host-side: it picks the function to call)
+        self.sites = random_sites(model)
+        self.global_step = optimizer.global_step
+        seed = (ms.get_seed() or 0) if seed is None else seed
+        self.key = philox_key(int(seed), launch.rank() if distributed else 0)
         grad_fn = ms.value_and_grad(self._forward_fn(model), None, self.params, has_aux=True)
         apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed, amp.loss_scale == "none")
         compile_ = ms.jit if jit else (lambda fn: fn)
         if accumulation_steps == 1:
             # no buffer at all: the update consumes this micro-batch's gradient directly
-            def fused(images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-                (_, loss), grads = grad_fn(images, targets)
+            def fused(images: Tensor, targets: Tensor, *draws: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                (_, loss), grads = grad_fn(images, targets, *draws)
                 return (loss, *apply_update(grads, 1.0, ops.ones((), ms.bool_)))
 
             self._last = compile_(fused)
@@ -141,8 +167,8 @@ class TrainStep:
             assign_sub.set_device("CPU")
             _explain_cpu_placement(jit)
 
-        def accumulate(images: Tensor, targets: Tensor) -> Tensor:
-            (_, loss), grads = grad_fn(images, targets)
+        def accumulate(images: Tensor, targets: Tensor, *draws: Tensor) -> Tensor:
+            (_, loss), grads = grad_fn(images, targets, *draws)
             finite = all_finite(grads)
             if finite:
                 _map(ops.partial(_accumulate, assign_add), accum, grads)
@@ -150,8 +176,9 @@ class TrainStep:
                 ops.assign(window_overflow, ops.ones((), ms.bool_))
             return loss
 
-        def accumulate_and_update(images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-            loss = accumulate(images, targets)
+        def accumulate_and_update(images: Tensor, targets: Tensor,
+                                  *draws: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            loss = accumulate(images, targets, *draws)
             clean = ops.logical_not(window_overflow)
             out = apply_update(tuple(accum), float(accumulation_steps), clean)
             _map(ops.partial(_clear, assign_sub), accum)
@@ -161,11 +188,11 @@ class TrainStep:
         self._accumulate = compile_(accumulate)
         self._last = compile_(accumulate_and_update)
 
-    def _forward_fn(self, model: nn.Cell) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    def _forward_fn(self, model: nn.Cell) -> Callable[..., tuple[Tensor, Tensor]]:
         scaler = self.scaler
 
-        def forward(images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-            loss = soft_target_cross_entropy(model(images), targets)
+        def forward(images: Tensor, targets: Tensor, *draws: Tensor) -> tuple[Tensor, Tensor]:
+            loss = soft_target_cross_entropy(model(images, *draws), targets)
             return scaler.scale(loss), loss  # grads follow the first (scaled) output; the second is aux
 
         return forward
@@ -200,12 +227,21 @@ class TrainStep:
 
         return apply_update
 
+    def draws(self, batch: int) -> tuple[Tensor, ...]:
+        """The random inputs of the next micro-batch (empty for a model without random sites)."""
+        if self.sites is None:
+            return ()
+        step = int(self.global_step.asnumpy().reshape(-1)[0])
+        return tuple(Tensor(a) for a in draw(self.sites, self.key, step, self._micro, batch))
+
     def __call__(self, images: Tensor, targets: Tensor) -> StepOutput:
+        draws = self.draws(int(images.shape[0]))
         self._micro += 1
         if self._micro < self.accumulation_steps:
-            return StepOutput(float(self._accumulate(images, targets)), False, float("nan"), False, float("nan"))
+            loss = self._accumulate(images, targets, *draws)
+            return StepOutput(float(loss), False, float("nan"), False, float("nan"))
         self._micro = 0
-        loss, norm, overflow, scale = self._last(images, targets)
+        loss, norm, overflow, scale = self._last(images, targets, *draws)
         return StepOutput(float(loss), True, float(norm), bool(overflow), float(scale))
 
     def state(self) -> dict[str, Parameter]:
@@ -236,7 +272,7 @@ def _explain_cpu_placement(jit: bool) -> None:
 
 def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None,
                     jit: bool, accumulation_steps: int = 1, accumulate_on: str = "device",
-                    ema_decay: float | None = None, distributed: bool = False) -> TrainStep:
+                    ema_decay: float | None = None, distributed: bool = False, seed: int | None = None) -> TrainStep:
     """Build the train step; see TrainStep for the arguments."""
     return TrainStep(model, optimizer, amp, clip_grad, jit, accumulation_steps, accumulate_on, ema_decay,
-                     distributed)
+                     distributed, seed)

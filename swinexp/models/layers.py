@@ -12,10 +12,13 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.common.initializer import Initializer
 
+from swinexp.models.randomness import keep_elements
+
 __all__ = [
     "AddBroadcast",
     "DropPath",
     "ExactGELU",
+    "KeyedDropout",
     "LastAxisSoftmax",
     "Linear",
     "Mlp",
@@ -358,29 +361,54 @@ def shifted_window_mask(h: int, w: int, window_size: int, shift_size: int) -> np
 
 
 class DropPath(nn.Cell):
-    """Stochastic depth: zero a whole sample's residual branch with probability `drop_prob`, rescale the rest.
+    """Stochastic depth: scale each sample's residual branch by its host-drawn factor, 0 (dropped) or 1/(1-p).
 
-    Uses `nn.Dropout` on a (B, 1, 1) mask, so it is the identity when the cell is not training.
+    The factors come from `randomness.draw` (keep probability 1 - `drop_prob`, timm's semantics); the cell holds no
+    RNG. It is the identity without them and when it is not training.
 
     Args:
-        drop_prob: Probability of dropping the branch, in [0, 1).
+        drop_prob: Probability of dropping the branch, in [0, 1) (only for the model's `RandomSites` and repr).
     """
 
     def __init__(self, drop_prob: float) -> None:
         super().__init__()
         self.drop_prob = drop_prob
-        self.dropout = nn.Dropout(p=drop_prob)
 
-    def construct(self, x: Tensor) -> Tensor:
-        mask = ops.ones((x.shape[0],) + (1,) * (x.ndim - 1), x.dtype)  # (B, 1, ..., 1)
-        return self.dropout(mask) * x
+    def construct(self, x: Tensor, scale: Tensor | None = None) -> Tensor:
+        """x (B, ...) times scale (B,) broadcast over the other axes; x itself when `scale` is None."""
+        if scale is None or not self.training:
+            return x
+        return x * ops.reshape(ops.cast(scale, x.dtype), (x.shape[0],) + (1,) * (x.ndim - 1))
 
     def extend_repr(self) -> str:
         return f"drop_prob={self.drop_prob}"
 
 
+class KeyedDropout(nn.Cell):
+    """Dropout whose mask is a stateless hash of (the site's key, element index) (`randomness.keep_elements`).
+
+    Kept elements are scaled by 1/(1-p). The identity without a key, when p is 0 and when not training.
+
+    Args:
+        p: Drop probability, in [0, 1).
+    """
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def construct(self, x: Tensor, key: Tensor | None = None) -> Tensor:
+        if key is None or self.p == 0.0 or not self.training:
+            return x
+        keep = ops.cast(keep_elements(x.shape, key, self.p), x.dtype)
+        return x * keep * (1.0 / (1.0 - self.p))
+
+    def extend_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class Mlp(nn.Cell):
-    """Transformer feed-forward: fc1 -> GELU (exact erf) -> dropout -> fc2 -> dropout.
+    """Transformer feed-forward: fc1 -> GELU (exact erf) -> dropout -> fc2 -> dropout (timm's drop1, drop2).
 
     Args:
         in_features: Input and output width.
@@ -394,11 +422,13 @@ class Mlp(nn.Cell):
         self.fc1 = dense(in_features, hidden_features, custom_bprop=custom_bprop)
         self.act = ExactGELU(custom_bprop)
         self.fc2 = dense(hidden_features, in_features, custom_bprop=custom_bprop)
-        self.drop = nn.Dropout(p=drop)
+        self.drop1 = KeyedDropout(drop)
+        self.drop2 = KeyedDropout(drop)
 
-    def construct(self, x: Tensor) -> Tensor:
-        x = self.drop(self.act(self.fc1(x)))
-        return self.drop(self.fc2(x))
+    def construct(self, x: Tensor, key1: Tensor | None = None, key2: Tensor | None = None) -> Tensor:
+        """key1, key2: the dropout keys of the two sites (see KeyedDropout); None computes without dropout."""
+        x = self.drop1(self.act(self.fc1(x)), key1)
+        return self.drop2(self.fc2(x), key2)
 
 
 class PatchEmbed(nn.Cell):

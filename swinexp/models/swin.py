@@ -30,6 +30,7 @@ from swinexp.models.layers import (
     INIT_STD,
     AddBroadcast,
     DropPath,
+    KeyedDropout,
     LastAxisSoftmax,
     Linear,
     Mlp,
@@ -44,6 +45,7 @@ from swinexp.models.layers import (
     window_reverse,
 )
 from swinexp.models.pretrained import load_pretrained
+from swinexp.models.randomness import RandomSites
 from swinexp.registry import MODELS, ConfigError
 
 __all__ = [
@@ -116,9 +118,9 @@ class WindowAttention(nn.Cell):
                 for w in np.split(qkv_weight, 3))  # rows in q, k, v order, as the fused weight stores them
         else:
             self.qkv = Linear(dim, 3 * dim, qkv_bias, custom_bprop, weight_init=Tensor(qkv_weight))
-        self.attn_drop = nn.Dropout(p=attn_drop)
+        self.attn_drop = KeyedDropout(attn_drop)
         self.proj = dense(dim, dim, custom_bprop=custom_bprop)
-        self.proj_drop = nn.Dropout(p=proj_drop)
+        self.proj_drop = KeyedDropout(proj_drop)
         self.softmax = LastAxisSoftmax(custom_bprop)  # a cell, so AMP cell lists (keep softmax in fp32) can reach it
         self.add_bias = AddBroadcast() if custom_bprop else None
         # BatchMatMul primitives, not ops.matmul: the functional form differentiates through explicit Transposes
@@ -152,12 +154,15 @@ class WindowAttention(nn.Cell):
         bias = ops.reshape(bias, (n, n, self.num_heads))  # (N, N, heads)
         return ops.transpose(bias, (2, 0, 1))  # (heads, N, N)
 
-    def construct(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def construct(self, x: Tensor, mask: Tensor | None = None, attn_key: Tensor | None = None,
+                  proj_key: Tensor | None = None) -> Tensor:
         """Attend within each window.
 
         Args:
             x: Windows of tokens, (B*nW, N, C) with N = ws*ws.
             mask: (1, nW, 1, N, N) additive mask for shifted windows, or None.
+            attn_key: Dropout key of the attention weights (see KeyedDropout), or None: no dropout.
+            proj_key: Dropout key of the output projection, or None.
 
         Returns:
             (B*nW, N, C).
@@ -174,10 +179,10 @@ class WindowAttention(nn.Cell):
         bias = ops.cast(bias, attn.dtype)
         attn = attn + bias if self.add_bias is None else self.add_bias(attn, bias)  # broadcast over B (and nW)
         attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
-        attn = self.attn_drop(self.softmax(attn))
+        attn = self.attn_drop(self.softmax(attn), attn_key)
         x = ops.transpose(self.av_matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
         x = ops.reshape(x, (b_, n, c))  # (B_, N, C)
-        return self.proj_drop(self.proj(x))
+        return self.proj_drop(self.proj(x), proj_key)
 
     def extend_repr(self) -> str:
         return f"dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}, qkv={self.qkv_mode}"
@@ -196,10 +201,13 @@ class SwinTransformerBlock(nn.Cell):
         qkv_bias: Whether the q/k/v projections have a bias.
         drop: Dropout rate after attention projection and in the MLP.
         attn_drop: Dropout rate on the attention weights.
-        drop_path: Stochastic depth rate of both residual branches.
+        drop_path: Stochastic depth rate of each residual branch; the two branches draw independently.
         qkv: See WindowAttention.
         rel_pos_bias: See WindowAttention.
         custom_bprop: Hand-written backward passes (see WindowAttention and layers.Mlp).
+        index: Position of the block in the whole model: its branches are rows 2*index (attention) and
+            2*index + 1 (MLP) of `drop_scales`, its dropout cells rows 1 + 4*index ... 4 + 4*index of
+            `dropout_keys` (attention weights, projection, MLP hidden, MLP output; row 0 is the embedding's).
     """
 
     def __init__(
@@ -217,15 +225,19 @@ class SwinTransformerBlock(nn.Cell):
         qkv: str = "fused",
         rel_pos_bias: str = "gather",
         custom_bprop: bool = False,
+        index: int = 0,
     ) -> None:
         super().__init__()
         self.dim = dim
         self.input_resolution = input_resolution
+        self.path_row, self.key_row = 2 * index, 1 + 4 * index
         self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
         self.norm1 = nn.LayerNorm((dim,), epsilon=1e-5)
         self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias,
                                     custom_bprop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        # timm's drop_path1 / drop_path2: one cell per branch, fed its own row of draws
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else None
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else None
         self.norm2 = nn.LayerNorm((dim,), epsilon=1e-5)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop, custom_bprop)
         if self.shift_size > 0:
@@ -234,21 +246,32 @@ class SwinTransformerBlock(nn.Cell):
         else:
             self.attn_mask = None
 
-    def construct(self, x: Tensor) -> Tensor:
+    def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
+        """x (B, L, C); drop_scales (branches, B) and dropout_keys (sites, 2) of the whole model, or None."""
         b, l, c = x.shape
         r, ws = self.input_resolution, self.window_size
+        k = self.key_row
         shortcut = x
         x = ops.reshape(self.norm1(x), (b, r, r, c))  # (B, H, W, C)
         x = roll_hw(x, -self.shift_size)
         x = ops.reshape(window_partition(x, ws), (-1, ws * ws, c))  # (B*nW, N, C)
-        x = self.attn(x, self.attn_mask)  # (B*nW, N, C)
+        x = self.attn(x, self.attn_mask, _row(dropout_keys, k), _row(dropout_keys, k + 1))  # (B*nW, N, C)
         x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r)  # (B, H, W, C)
-        x = roll_hw(x, self.shift_size)
-        x = shortcut + self.drop_path(ops.reshape(x, (b, l, c)))  # (B, L, C)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = ops.reshape(roll_hw(x, self.shift_size), (b, l, c))  # (B, L, C)
+        if self.drop_path1 is not None:
+            x = self.drop_path1(x, _row(drop_scales, self.path_row))
+        x = shortcut + x
+        y = self.mlp(self.norm2(x), _row(dropout_keys, k + 2), _row(dropout_keys, k + 3))
+        if self.drop_path2 is not None:
+            y = self.drop_path2(y, _row(drop_scales, self.path_row + 1))
+        return x + y
 
     def extend_repr(self) -> str:
         return f"input_resolution={self.input_resolution}, window_size={self.window_size}, shift={self.shift_size}"
+
+
+def _row(draws: Tensor | None, i: int) -> Tensor | None:
+    return None if draws is None else draws[i]
 
 
 def _every_other_pixel(rows: Tensor, start: int, b: int, hw4: int, c: int) -> Tensor:
@@ -339,6 +362,7 @@ class BasicLayer(nn.Cell):
         patch_merging: See PatchMerging.
         rel_pos_bias: See WindowAttention.
         custom_bprop: See SwinTransformerBlock.
+        first_block: Model-wide index of the stage's first block (see SwinTransformerBlock's `index`).
     """
 
     def __init__(
@@ -358,6 +382,7 @@ class BasicLayer(nn.Cell):
         patch_merging: str,
         rel_pos_bias: str,
         custom_bprop: bool = False,
+        first_block: int = 0,
     ) -> None:
         super().__init__()
         self.blocks = nn.CellList(
@@ -376,15 +401,16 @@ class BasicLayer(nn.Cell):
                     qkv=qkv,
                     rel_pos_bias=rel_pos_bias,
                     custom_bprop=custom_bprop,
+                    index=first_block + i,
                 )
                 for i in range(depth)
             ]
         )
         self.downsample = PatchMerging(input_resolution, dim, patch_merging) if downsample else None
 
-    def construct(self, x: Tensor) -> Tensor:
+    def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
         for blk in self.blocks:
-            x = blk(x)
+            x = blk(x, drop_scales, dropout_keys)
         if self.downsample is not None:
             x = self.downsample(x)
         return x
@@ -406,7 +432,9 @@ class SwinTransformer(nn.Cell):
         qkv_bias: Whether the q/k/v projections have a bias.
         drop_rate: Dropout rate after the embedding, attention projections and MLPs.
         attn_drop_rate: Dropout rate on attention weights.
-        drop_path_rate: Stochastic depth rate of the last block; rates rise linearly from 0 over the blocks.
+        drop_path_rate: Stochastic depth rate of the last block; rates rise linearly from 0 over the blocks. The
+            masks (and dropout's) are inputs, drawn per micro-batch from counters (models/randomness.py, the
+            train step does it); without them the model computes the deterministic function.
         ape: Whether to add a learned absolute position embedding.
         patch_norm: Whether to LayerNorm after the patch embedding.
         qkv: q/k/v projection formulation, one of "fused", "split", "fused_split".
@@ -463,7 +491,7 @@ class SwinTransformer(nn.Cell):
             self.absolute_pos_embed = Parameter(
                 initializer(TruncNormal(INIT_STD), (1, self.patch_embed.num_patches, embed_dim))
             )  # (1, L, C)
-        self.pos_drop = nn.Dropout(p=drop_rate)
+        self.pos_drop = KeyedDropout(drop_rate)
 
         # stochastic depth decay rule: linear from 0 to drop_path_rate over all blocks
         dpr = np.linspace(0.0, drop_path_rate, sum(depths)).tolist()
@@ -485,30 +513,43 @@ class SwinTransformer(nn.Cell):
                     patch_merging=patch_merging,
                     rel_pos_bias=rel_pos_bias,
                     custom_bprop=custom_bprop,
+                    first_block=sum(depths[:i]),
                 )
                 for i in range(self.num_layers)
             ]
         )
+        # per block: attention and MLP branch; dropout: the embedding's, then 4 per block (see SwinTransformerBlock)
+        self.random_sites = RandomSites(
+            drop_path_rates=tuple(rate for rate in dpr for _ in range(2)),
+            dropout_rates=(drop_rate, *(attn_drop_rate, drop_rate, drop_rate, drop_rate) * len(dpr)))
         self.norm = nn.LayerNorm((self.num_features,), epsilon=1e-5)
         self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
                      else nn.Identity())
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images (B, in_chans, H, W) to normalised tokens (B, L, num_features) of the last stage."""
+    def forward_features(self, x: Tensor, drop_scales: Tensor | None = None,
+                         dropout_keys: Tensor | None = None) -> Tensor:
+        """Images (B, in_chans, H, W) to normalised tokens (B, L, num_features) of the last stage.
+
+        Args:
+            x: Images.
+            drop_scales: float (branches, B) stochastic-depth factors, or None (no stochastic depth).
+            dropout_keys: int64 (dropout sites, 2) keys, or None (no dropout). Both as `randomness.draw` returns
+                them for `self.random_sites`.
+        """
         x = self.patch_embed(x)  # (B, L, C)
         if self.ape:
             x = x + self.absolute_pos_embed
-        x = self.pos_drop(x)
+        x = self.pos_drop(x, _row(dropout_keys, 0))
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, drop_scales, dropout_keys)
         return self.norm(x)
 
     def forward_head(self, x: Tensor) -> Tensor:
         """Tokens (B, L, num_features) to logits (B, num_classes) by average pooling over tokens."""
         return self.head(ops.mean(x, 1))  # (B, num_features) before the head
 
-    def construct(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
+    def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
+        return self.forward_head(self.forward_features(x, drop_scales, dropout_keys))
 
 
 def _int_tuple(key: str, value: Any) -> tuple[int, ...]:
