@@ -9,7 +9,7 @@ import mindspore as ms
 import pytest
 from hydra import compose as compose_cfg
 from hydra import initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import swinexp  # noqa: F401  (registers components and schemas)
 
@@ -72,7 +72,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, synthetic_root: Path) 
                  "tracking.system_metrics_interval_s=0.2"]
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose_cfg("config", overrides=overrides)
-    choices = {"model": "swin_micro", "data": "synthetic", "amp": "o0", "trainer": "smoke", "hardware": "cpu",
-               "tracking": "mlflow", "experiment": None, "hydra/launcher": "isolated"}
+        hydra_cfg = compose_cfg("config", overrides=overrides, return_hydra_config=True).hydra
+    choices = OmegaConf.to_container(hydra_cfg.runtime.choices)  # what JobInfo.from_hydra reads in a real job
     run(cfg, JobInfo(run_dir=root / "run", overrides=[*overrides, "hydra.run.dir=x"], choices=choices))
     return TrainedRun(root / "run", uri, choices)

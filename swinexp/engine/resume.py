@@ -16,6 +16,7 @@ from swinexp.tracking import flatten
 log = logging.getLogger("swinexp")
 
 PROGRESS_KEY = "progress"      # meta key of the JSON progress record in a checkpoint
+NOT_COMPARED_GROUPS = ("hydra", "tracking")  # where a run is logged and launched, not what it trains
 RUN_ID_FILE = "mlflow_run_id"  # in the run dir: the run a restart reopens, even before the first checkpoint
 NOT_COMPARED = ("trainer.resume", "trainer.resume_force")  # may differ between a run and its resumption silently
 
@@ -93,10 +94,10 @@ def locate(resume: str | None, run_dir: Path) -> ResumePoint | None:
 
 
 def changed_choices(saved: Mapping[str, str | None], current: Mapping[str, str | None]) -> dict[str, tuple]:
-    """Config groups (not Hydra's own) whose chosen option differs: {group: (saved option, current option)}."""
+    """Config groups (not Hydra's own, nor tracking) whose chosen option differs: {group: (saved option, current option)}."""
     if not saved or not current:  # a checkpoint from before choices were saved, or a run outside Hydra
         return {}
-    keys = sorted(k for k in saved.keys() | current.keys() if not k.startswith("hydra"))
+    keys = sorted(k for k in saved.keys() | current.keys() if not k.startswith(NOT_COMPARED_GROUPS))
     return {k: (saved.get(k), current.get(k)) for k in keys if saved.get(k) != current.get(k)}
 
 
