@@ -20,6 +20,7 @@ from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401 
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
 from swinexp.runtime import hardware, launch
 from swinexp.runtime.interrupt import Interrupted
+from swinexp.saved_run import CLASSES_FILE
 from swinexp.tracking import NullTracker, Tracker, flatten
 from swinexp.tracking.dataset import split_records
 from swinexp.tracking.sweep import SweepInfo, override_key, sweep_of
@@ -28,7 +29,6 @@ log = logging.getLogger("swinexp")
 
 INFRASTRUCTURE = ("tracking", "hydra", "hardware.master_")  # overrides that say where a run goes, not what it is
 RUN_DIR_TAG = "swinexp.run_dir"
-CLASSES_FILE = "classes.txt"  # in the run dir: one class name per line, label i on line i (read by predict)
 
 @dataclass(frozen=True)
 class JobInfo:
