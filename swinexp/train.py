@@ -95,12 +95,15 @@ def log_data(tracker: Tracker, exp: Experiment, data_name: str, run_dir: Path) -
         tracker.log_dataset(record)
 
 
-def log_checkpoint_artifacts(tracker: Tracker, run_dir: Path) -> None:
+def log_checkpoint_artifacts(tracker: Tracker, run_dir: Path, finished: bool = True) -> None:
     """tracking.log_checkpoints: best.ckpt / last.ckpt under checkpoints/, and config.yaml, so the artifacts alone
-    are a run dir that `swinexp.export`, `.predict` and `.evaluate` accept. Never raises: the run's own ending
-    (and its exception) matters more."""
-    names = {"best": ["best.ckpt"], "last": ["last.ckpt"], "both": ["best.ckpt", "last.ckpt"]}
-    files = [run_dir / "checkpoints" / n for n in names.get(tracker.log_checkpoints, [])]
+    are a run dir that `swinexp.export`, `.predict`, `.evaluate` and a resume accept. A run that did not finish also
+    logs last.ckpt (unless `none`): it is what continues it. Never raises: the run's own ending matters more."""
+    names = {"best": ["best.ckpt"], "last": ["last.ckpt"], "both": ["best.ckpt", "last.ckpt"], "none": []}
+    chosen = names.get(tracker.log_checkpoints, [])
+    if chosen and not finished and "last.ckpt" not in chosen:
+        chosen = [*chosen, "last.ckpt"]
+    files = [run_dir / "checkpoints" / n for n in chosen]
     try:
         for path in (p for p in files if p.is_file()):
             tracker.log_artifact(path, "checkpoints")
@@ -199,11 +202,11 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         history = ([evaluate_only(exp, jit)] if exp.trainer.eval_only
                    else fit(exp, job.run_dir, jit, resume_from, config, job.choices))
     except (Interrupted, KeyboardInterrupt):
-        log_checkpoint_artifacts(tracker, job.run_dir)
+        log_checkpoint_artifacts(tracker, job.run_dir, finished=False)
         tracker.close("KILLED")
         raise
     except BaseException:
-        log_checkpoint_artifacts(tracker, job.run_dir)
+        log_checkpoint_artifacts(tracker, job.run_dir, finished=False)
         tracker.close("FAILED")
         raise
     log_checkpoint_artifacts(tracker, job.run_dir)

@@ -14,7 +14,7 @@ from swinexp.build import build_experiment
 from swinexp.tracking import MlflowTracker
 from swinexp.tracking.dataset import file_list_digest
 from swinexp.tracking.system import SystemMetrics
-from swinexp.train import JobInfo, run
+from swinexp.train import JobInfo, log_checkpoint_artifacts, run
 from tests.conftest import TrainedRun
 
 MLFLOW = ["tracking=mlflow", "tracking.system_metrics_interval_s=0.2", "tracking.log_every_n_steps=2"]
@@ -119,3 +119,21 @@ def test_tracking_settings_are_checked_with_the_fix(tmp_path: Path, key: str, va
 
     with pytest.raises(ConfigError, match=error.replace("(", r"\(").replace(".", r"\.")):
         MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "exp", **{key: value})
+
+
+@pytest.mark.parametrize("policy,finished,logged", [
+    ("best", True, {"best.ckpt"}), ("last", True, {"last.ckpt"}), ("both", True, {"best.ckpt", "last.ckpt"}),
+    ("none", False, set()), ("best", False, {"best.ckpt", "last.ckpt"})])  # a stopped run keeps what resumes it
+def test_log_checkpoints_picks_the_files(tmp_path: Path, policy: str, finished: bool, logged: set[str]) -> None:
+    run_dir, uri = tmp_path / "run", f"sqlite:///{tmp_path}/mlflow.db"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for name in ("best.ckpt", "last.ckpt", "step-00000003.ckpt"):
+        (run_dir / "checkpoints" / name).write_bytes(name.encode())
+    (run_dir / "config.yaml").write_text("seed: 1\n")
+    tracker = MlflowTracker(uri, "exp", log_checkpoints=policy)
+    run_id = tracker.start("job", {})
+    log_checkpoint_artifacts(tracker, run_dir, finished)
+    tracker.close()
+    client = MlflowClient(uri)
+    assert {Path(a.path).name for a in client.list_artifacts(run_id, "checkpoints")} == logged
+    assert ("config.yaml" in {a.path for a in client.list_artifacts(run_id)}) == bool(logged)
