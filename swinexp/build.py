@@ -113,7 +113,8 @@ def saved_config(saved: DictConfig, overrides: Sequence[str] = ()) -> DictConfig
     """
     if bad := [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]:
         raise ConfigError(f"overrides must be key=value, e.g. data.root=/data/val_set; got {bad}")
-    typed = OmegaConf.create({"trainer": OmegaConf.structured(TrainerCfg), "hardware": OmegaConf.structured(HardwareCfg)})
+    typed = OmegaConf.create({"trainer": OmegaConf.structured(TrainerCfg),
+                              "hardware": OmegaConf.structured(HardwareCfg)})
     try:
         return OmegaConf.merge(typed, saved, OmegaConf.from_dotlist(list(overrides)))
     except Exception as err:  # omegaconf's ConfigKeyError / ValidationError name the key
