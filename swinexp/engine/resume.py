@@ -94,7 +94,7 @@ def locate(resume: str | None, run_dir: Path) -> ResumePoint | None:
 
 
 def changed_choices(saved: Mapping[str, str | None], current: Mapping[str, str | None]) -> dict[str, tuple]:
-    """Config groups (not Hydra's own, nor tracking) whose chosen option differs: {group: (saved option, current option)}."""
+    """Config groups (not Hydra's own, nor tracking) whose option differs: {group: (saved option, current option)}."""
     if not saved or not current:  # a checkpoint from before choices were saved, or a run outside Hydra
         return {}
     keys = sorted(k for k in saved.keys() | current.keys() if not k.startswith(NOT_COMPARED_GROUPS))

@@ -15,8 +15,9 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from swinexp.registry import TRACKERS, ConfigError
 from swinexp.tracking.dataset import DatasetRecord
