@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
