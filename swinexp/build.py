@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -113,6 +113,10 @@ def saved_config(saved: DictConfig, overrides: Sequence[str] = ()) -> DictConfig
     """
     if bad := [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]:
         raise ConfigError(f"overrides must be key=value, e.g. data.root=/data/val_set; got {bad}")
+    for group, schema in (("trainer", TrainerCfg), ("hardware", HardwareCfg)):  # a config.yaml of an older swinexp
+        known = {f.name for f in fields(schema)}
+        for key in [k for k in (saved.get(group) or {}) if k not in known]:
+            del saved[group][key]
     typed = OmegaConf.create({"trainer": OmegaConf.structured(TrainerCfg),
                               "hardware": OmegaConf.structured(HardwareCfg)})
     try:
