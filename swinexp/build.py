@@ -1,8 +1,10 @@
 """The only DictConfig -> objects boundary: `build_experiment(cfg)` returns plain Python objects."""
 from __future__ import annotations
 
+import inspect
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ from swinexp.amp import AmpPolicy
 from swinexp.config import HardwareCfg, TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
 from swinexp.data.datasets import check_data_args
+from swinexp.data.transforms import EvalTransform
 from swinexp.engine.step import ACCUMULATE_ON
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError, import_modules
@@ -100,6 +103,33 @@ def hardware_cfg(cfg: DictConfig) -> HardwareCfg:
 def build_amp(cfg: DictConfig) -> AmpPolicy:
     """The precision policy of `cfg.amp`; invalid combinations are rejected here."""
     return AMP_POLICIES.build(node(cfg, "amp"))
+
+
+def saved_config(saved: DictConfig, overrides: Sequence[str] = ()) -> DictConfig:
+    """A run's config.yaml (resolved, untyped) typed again like the composed config, with `key=value` overrides.
+
+    Raises:
+        ConfigError: an override is not `key=value`, or names a trainer/hardware key the schema lacks.
+    """
+    if bad := [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]:
+        raise ConfigError(f"overrides must be key=value, e.g. data.root=/data/val_set; got {bad}")
+    for group, schema in (("trainer", TrainerCfg), ("hardware", HardwareCfg)):  # a config.yaml of an older swinexp
+        known = {f.name for f in fields(schema)}
+        for key in [k for k in (saved.get(group) or {}) if k not in known]:
+            del saved[group][key]
+    typed = OmegaConf.create({"trainer": OmegaConf.structured(TrainerCfg),
+                              "hardware": OmegaConf.structured(HardwareCfg)})
+    try:
+        return OmegaConf.merge(typed, saved, OmegaConf.from_dotlist(list(overrides)))
+    except Exception as err:  # omegaconf's ConfigKeyError / ValidationError name the key
+        raise ConfigError(f"{err}; check the override against the run's config.yaml") from err
+
+
+def build_eval_transform(cfg: DictConfig) -> EvalTransform:
+    """The validation transform of `cfg.data` (resize, center crop, normalize), without reading the data root."""
+    data = node(cfg, "data")
+    crop_pct = data.get("crop_pct", inspect.signature(DATASETS.get(data["name"])).parameters["crop_pct"].default)
+    return EvalTransform(int(data["img_size"]), float(crop_pct))
 
 
 def build_tracker(cfg: DictConfig) -> Tracker:

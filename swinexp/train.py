@@ -1,11 +1,13 @@
 """`run(cfg)`: set up the process, build the experiment, fit it, and close the tracker whatever happens."""
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,10 +21,15 @@ from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401 
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
 from swinexp.runtime import hardware, launch, phases
 from swinexp.runtime.interrupt import Interrupted
-from swinexp.tracking import NullTracker, flatten
-from swinexp.tracking.sweep import SweepInfo, sweep_of
+from swinexp.saved_run import CLASSES_FILE
+from swinexp.tracking import NullTracker, Tracker, flatten
+from swinexp.tracking.dataset import split_records
+from swinexp.tracking.sweep import SweepInfo, override_key, sweep_of
 
 log = logging.getLogger("swinexp")
+
+INFRASTRUCTURE = ("tracking", "hydra", "hardware.master_")  # overrides that say where a run goes, not what it is
+RUN_DIR_TAG = "swinexp.run_dir"
 
 @dataclass(frozen=True)
 class JobInfo:
@@ -46,19 +53,65 @@ class JobInfo:
         return [*(f"--config-dir={d}" for d in self.config_dirs), *self.overrides]
 
     def run_name(self) -> str:
+        """The overrides that change the experiment (not where it is logged or how workers meet), or 'defaults'."""
         if self.sweep is not None:
             return self.sweep.run_name(self.overrides)
-        return " ".join(self.overrides) or "defaults"
+        return " ".join(o for o in self.overrides if not is_infrastructure(o)) or "defaults"
 
     def tags(self) -> dict[str, str]:
-        """Overrides, host and process, sweep membership, chosen group options and the code's git commit."""
+        """Overrides, host and process, sweep membership, chosen group options, the code's git commit, the run dir
+        and MLflow's standard source tags (the UI's Source and User columns)."""
         tags = {"overrides": " ".join(self.overrides), "host": socket.gethostname(), "pid": str(os.getpid()),
+                RUN_DIR_TAG: str(self.run_dir.resolve()), "mlflow.source.type": "LOCAL",
+                "mlflow.source.name": str(Path(sys.argv[0]).resolve()) if sys.argv[0] else "python",
+                "mlflow.user": _user(),
                 **(self.sweep.tags() if self.sweep else {}),
                 **{f"choice.{k.split('@')[0]}": str(v) for k, v in self.choices.items()  # no @package: MLflow
                    if v is not None and not k.startswith("hydra")}}                    # rejects '@' in names
         if commit := git_commit():
-            tags["git_commit"] = commit
+            tags["git_commit"] = tags["mlflow.source.git.commit"] = commit
         return tags
+
+
+def is_infrastructure(override: str) -> bool:
+    """'tracking.uri=...', 'hydra.run.dir=...', 'hardware.master_addr=...' (and their +/~ forms)."""
+    key = override_key(override)
+    return any(key == p or key.startswith((f"{p}.", f"{p}/")) or (p.endswith("_") and key.startswith(p))
+               for p in INFRASTRUCTURE)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        return str(os.getuid())
+
+
+def log_data(tracker: Tracker, exp: Experiment, data_name: str, run_dir: Path) -> None:
+    """The train and val splits as run inputs, and the class names beside the checkpoints (for predict)."""
+    spec = exp.data
+    (run_dir / CLASSES_FILE).write_text("".join(f"{name}\n" for name in spec.classes))
+    tracker.log_artifact(run_dir / CLASSES_FILE)
+    for record in split_records(data_name, spec.root, spec.classes, spec.train, spec.val):
+        tracker.log_dataset(record)
+
+
+def log_checkpoint_artifacts(tracker: Tracker, run_dir: Path, finished: bool = True) -> None:
+    """tracking.log_checkpoints: best.ckpt / last.ckpt under checkpoints/, and config.yaml, so the artifacts alone
+    are a run dir that `swinexp.export`, `.predict`, `.evaluate` and a resume accept. A run that did not finish also
+    logs last.ckpt (unless `none`): it is what continues it. Never raises: the run's own ending matters more."""
+    names = {"best": ["best.ckpt"], "last": ["last.ckpt"], "both": ["best.ckpt", "last.ckpt"], "none": []}
+    chosen = names.get(tracker.log_checkpoints, [])
+    if chosen and not finished and "last.ckpt" not in chosen:
+        chosen = [*chosen, "last.ckpt"]
+    files = [run_dir / "checkpoints" / n for n in chosen]
+    try:
+        for path in (p for p in files if p.is_file()):
+            tracker.log_artifact(path, "checkpoints")
+        if files and (run_dir / "config.yaml").is_file():
+            tracker.log_artifact(run_dir / "config.yaml")
+    except Exception as err:  # noqa: BLE001 - whatever the store raises, the run ends as it would have
+        log.warning("the checkpoint was not logged to the tracker (%s); it is in %s", err, run_dir / "checkpoints")
 
 
 def log_amp_report(exp: Experiment, reference: nn.Cell, run_dir: Path) -> None:
@@ -127,7 +180,8 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         cfg.data.num_classes = saved_classes  # counted when the run started; the build checks the folders agree
     config = OmegaConf.to_container(cfg, resolve=True)
     if resume_from is not None:
-        check_compatible(resume_from.progress.config, config)
+        check_compatible(resume_from.progress.config, config, resume_from.progress.choices, job.choices,
+                         bool(OmegaConf.select(cfg, "trainer.resume_force")))
     run_id = (resume_from.progress.mlflow_run_id or None) if resume_from else saved_run_id(job.run_dir)
     tracker = build_tracker(cfg) if launch.rank() == 0 else NullTracker()
     tracker.start(job.run_name()[:250], job.tags(), run_id=run_id)
@@ -139,21 +193,25 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         tracker.log_artifact(job.run_dir / "overrides.yaml")
         exp = build_experiment(cfg, tracker)
         config = OmegaConf.to_container(cfg, resolve=True)  # with the class count a folder dataset found
-        if resume_from is None:  # a resumed run has its params already
+        if resume_from is None:  # a resumed run has its params and inputs already
             tracker.log_params(flatten(config))
+            log_data(tracker, exp, str(cfg.data.name), job.run_dir)
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         tracker.log_artifact(job.run_dir / "config.yaml")
         if exp.trainer.amp_report and launch.rank() == 0 and resume_from is None:
             log_amp_report(exp, build_model(cfg), job.run_dir)
         jit = hw.mode == "graph"
         history = ([evaluate_only(exp, jit)] if exp.trainer.eval_only
-                   else fit(exp, job.run_dir, jit, resume_from, config))
+                   else fit(exp, job.run_dir, jit, resume_from, config, job.choices))
     except (Interrupted, KeyboardInterrupt):
+        log_checkpoint_artifacts(tracker, job.run_dir, finished=False)
         tracker.close("KILLED")
         raise
     except BaseException as err:
+        log_checkpoint_artifacts(tracker, job.run_dir, finished=False)
         tracker.close("FAILED", reason=f"{type(err).__name__}: {err}")
         raise
+    log_checkpoint_artifacts(tracker, job.run_dir)
     tracker.close("FINISHED")
     result = {**history[-1], "val/top1_best": max(m["val/top1"] for m in history)}
     (job.run_dir / "metrics.json").write_text(json.dumps(result, indent=1) + "\n")  # read by hydra/launcher=isolated

@@ -1,6 +1,7 @@
 """Shared fixtures: compose the real config with smoke overrides, a session-wide synthetic dataset."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -8,7 +9,7 @@ import mindspore as ms
 import pytest
 from hydra import compose as compose_cfg
 from hydra import initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import swinexp  # noqa: F401  (registers components and schemas)
 
@@ -49,3 +50,29 @@ def _no_global_mlflow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     monkeypatch.chdir(tmp_path)
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    run_dir: Path
+    uri: str        # the sqlite store it was logged to
+    choices: dict   # the Hydra group choices it was run with
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, synthetic_root: Path) -> TrainedRun:
+    """One smoke run logged to MLflow with every issue-17 option on (steps, both checkpoints, fast system metrics),
+    shared by the tests that read a run back, resume it or export/predict/evaluate from its run dir."""
+    from swinexp.train import JobInfo, run
+
+    root = tmp_path_factory.mktemp("trained")
+    uri = f"sqlite:///{root}/mlflow.db"
+    overrides = [*SMOKE, f"data.root={synthetic_root}", "tracking=mlflow", f"tracking.uri={uri}",
+                 "tracking.log_every_n_steps=1", "tracking.log_checkpoints=both",
+                 "tracking.system_metrics_interval_s=0.2"]
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose_cfg("config", overrides=overrides)
+        hydra_cfg = compose_cfg("config", overrides=overrides, return_hydra_config=True).hydra
+    choices = OmegaConf.to_container(hydra_cfg.runtime.choices)  # what JobInfo.from_hydra reads in a real job
+    run(cfg, JobInfo(run_dir=root / "run", overrides=[*overrides, "hydra.run.dir=x"], choices=choices))
+    return TrainedRun(root / "run", uri, choices)

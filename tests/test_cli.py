@@ -75,7 +75,8 @@ def test_run_logs_to_mlflow_and_writes_loadable_checkpoints(tmp_path: Path) -> N
     assert [m.step for m in history] == [1, 2]
     for key in ("train/loss", "val/loss", "val/top5", "lr", "epoch_time_s", "train/images_per_s"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "overrides.yaml"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "overrides.yaml", "classes.txt",
+                                                                        "checkpoints"}
 
     # The last checkpoint, loaded into a fresh model built from the saved config, reproduces the logged val/top1.
     cfg = OmegaConf.load(run_dir / "config.yaml")

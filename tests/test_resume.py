@@ -114,6 +114,9 @@ def test_sigterm_checkpoints_mid_epoch_marks_killed_and_resumes(uninterrupted: t
     status, stderr = _start_and_signal(run_dir, tmp_path / "data", db, signal.SIGTERM)
     assert status != 0 and "SIGTERM" in stderr, stderr[-3000:]
     assert MlflowClient(f"sqlite:///{db}").get_run(_run_id(run_dir)).info.status == "KILLED"
+    # mid-epoch 1 there is no best.ckpt yet: the stopped run carries last.ckpt, what continues it elsewhere
+    artifacts = MlflowClient(f"sqlite:///{db}").list_artifacts(_run_id(run_dir), "checkpoints")
+    assert [a.path for a in artifacts] == ["checkpoints/last.ckpt"]
     saved = Progress.from_json(checkpoint.read_meta(checkpoint.read(run_dir / "checkpoints" / "last.ckpt"))["progress"])
     assert saved.epoch == 0 and 4 <= saved.batches_done < 20  # stopped inside the first epoch, after step 4
 

@@ -114,6 +114,14 @@ def test_sweep_logs_a_parent_and_named_children_to_a_server(mlflow_server: str, 
         assert child.data.tags["sweep.id"] == parent.info.run_id and child.data.tags["sweep.keys"] == "amp"
         assert [m.step for m in client.get_metric_history(child.info.run_id, "val/top1")] == [1, 2]
     assert children[1].data.params["amp.name"] == "o2"
+    # tracking.log_checkpoints=best (the default): each job's best checkpoint is on the server, byte for byte,
+    # and system metrics reached it from the job's own process
+    for num, child in enumerate(children):
+        assert [a.path for a in client.list_artifacts(child.info.run_id, "checkpoints")] == ["checkpoints/best.ckpt"]
+        got = client.download_artifacts(child.info.run_id, "checkpoints/best.ckpt", str(tmp_path / f"back{num}"))
+        assert Path(got).read_bytes() == (tmp_path / "multirun" / str(num) / "checkpoints" / "best.ckpt").read_bytes()
+        assert "system/cpu_utilization_percentage" in child.data.metrics
+        assert child.data.tags["swinexp.run_dir"] == str(tmp_path / "multirun" / str(num))
     # hydra/launcher=isolated (the default): each job ran in a process of its own, as a single run in its subdir
     assert len({c.data.tags["pid"] for c in children}) == 2
     for num in (0, 1):

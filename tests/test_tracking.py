@@ -281,4 +281,5 @@ def test_run_py_against_a_dead_server_with_warn_trains_into_the_offline_store(tm
     assert run.info.status == "FINISHED" and run.data.params["model.name"] == "swin_micro"
     for key in ("train/loss", "val/top1", "val/loss"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "overrides.yaml"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "overrides.yaml", "classes.txt",
+                                                                        "checkpoints"}

@@ -32,7 +32,7 @@ class NonFiniteLoss(FloatingPointError):
 
 
 def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | None = None,
-        config: dict | None = None) -> list[dict[str, float]]:
+        config: dict | None = None, choices: dict[str, str | None] | None = None) -> list[dict[str, float]]:
     """Train for trainer.epochs, evaluating, checkpointing and logging after every epoch.
 
     An epoch is `exp.steps_per_epoch` optimizer steps of `trainer.accumulation_steps` micro-batches each; the LR
@@ -49,11 +49,12 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
     train_step = make_train_step(model, optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
                                  trainer.accumulate_on, trainer.ema.decay, distributed)
     eval_step = make_eval_step(model, jit)
-    progress = Progress(mlflow_run_id=exp.tracker.run_id or "", config=config or {})
+    progress = Progress(mlflow_run_id=exp.tracker.run_id or "", config=config or {}, choices=choices or {})
     if resume_from is not None:
         checkpoint.load(resume_from.values, model, optimizer, train_step.state())
         progress = replace(resume_from.progress, mlflow_run_id=progress.mlflow_run_id,
-                                       config=progress.config or resume_from.progress.config)
+                                       config=progress.config or resume_from.progress.config,
+                                       choices=progress.choices or resume_from.progress.choices)
         _relog_missing_epochs(exp, progress.history)
         log.info("resumed from %s: epoch %d, %d batches done, optimizer step %d", resume_from.path,
                  progress.epoch + 1, progress.batches_done, _optimizer_step(optimizer))
@@ -92,6 +93,11 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
                     profiler.after_step(step_number)
                 progress.overflow_steps += out.overflow
                 progress.loss_scale = out.loss_scale
+                # step = the optimizer step's place in the epochs (overflow skips count), so a resume logs no step twice
+                exp.tracker.log_step_metrics({
+                    "step/train/loss": float(np.mean(progress.losses[-trainer.accumulation_steps:])),
+                    "step/train/loss_scale": out.loss_scale, "step/train/overflow": float(out.overflow)},
+                    step=epoch * exp.steps_per_epoch + progress.batches_done // trainer.accumulation_steps)
                 if not out.overflow:
                     progress.grad_norms.append(out.grad_norm)
                 bar.update()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from swinexp.tracking import flatten
 log = logging.getLogger("swinexp")
 
 PROGRESS_KEY = "progress"      # meta key of the JSON progress record in a checkpoint
+NOT_COMPARED_GROUPS = ("hydra", "tracking")  # where a run is logged and launched, not what it trains
 RUN_ID_FILE = "mlflow_run_id"  # in the run dir: the run a restart reopens, even before the first checkpoint
 # may differ between a run and its resumption without a warning
-NOT_COMPARED = ("trainer.resume", "debug.phase_file", "debug.park_at")
+NOT_COMPARED = ("trainer.resume", "trainer.resume_force", "debug.phase_file", "debug.park_at")
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Progress:
     train_time_s: float = 0.0                        # time spent training in this epoch before the checkpoint
     mlflow_run_id: str = ""
     config: dict[str, Any] = field(default_factory=dict)   # the composed config (resolved) the run was started with
+    choices: dict[str, str | None] = field(default_factory=dict)  # its Hydra group choices, e.g. {"amp": "o1_manual"}
 
     def start_epoch(self) -> None:
         self.batches_done, self.losses, self.grad_norms, self.seen = 0, [], [], 0
@@ -91,12 +94,46 @@ def locate(resume: str | None, run_dir: Path) -> ResumePoint | None:
     return ResumePoint(path, values, Progress.from_json(meta[PROGRESS_KEY]))
 
 
-def check_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """A resumed run must build the same model; other differences (e.g. more epochs) are allowed with a warning.
+def changed_choices(saved: Mapping[str, str | None], current: Mapping[str, str | None]) -> dict[str, tuple]:
+    """Config groups (not Hydra's own, nor tracking) whose option differs: {group: (saved option, current option)}."""
+    if not saved or not current:  # a checkpoint from before choices were saved, or a run outside Hydra
+        return {}
+    keys = sorted(k for k in saved.keys() | current.keys() if not k.startswith(NOT_COMPARED_GROUPS))
+    return {k: (saved.get(k), current.get(k)) for k in keys if saved.get(k) != current.get(k)}
+
+
+def restoring_overrides(changed: Mapping[str, tuple], current: Mapping[str, str | None]) -> list[str]:
+    """The command-line overrides that bring back the saved choices. Groups chosen inside another group's defaults
+    (`model/formulation@hardware.model.formulation`) follow their parent and get none of their own."""
+    out = []
+    for key, (was, _) in changed.items():
+        if "@" in key:
+            continue
+        out.append(f"~{key}" if was is None else f"{key}={was}" if key in current else f"+{key}={was}")
+    return out
+
+
+def check_compatible(saved: dict[str, Any], current: dict[str, Any],
+                     saved_choices: Mapping[str, str | None] | None = None,
+                     choices: Mapping[str, str | None] | None = None, force: bool = False) -> None:
+    """A resumed run must build the same model from the same config group choices; other differences (e.g. more
+    epochs) are allowed with a warning. `force` (trainer.resume_force=true) allows other choices, with a warning.
 
     Raises:
-        ConfigError: a model key differs, naming each with both values.
+        ConfigError: a group choice differs (unless `force`), naming each and the overrides that restore them;
+            or a model key differs, naming each with both values.
     """
+    choices = choices or {}
+    if groups := changed_choices(saved_choices or {}, choices):
+        listed = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in groups.items())
+        if not force:
+            restore = " ".join(restoring_overrides(groups, choices))
+            raise ConfigError(
+                f"the checkpoint was written by a run with other config group choices ({listed}); to continue it, "
+                f"rerun with `{restore}`. To continue with the new choices anyway set trainer.resume_force=true; "
+                "to start over, use a new run dir (hydra.run.dir=...) or trainer.resume=null")
+        log.warning("trainer.resume_force=true: resuming with other config group choices than the checkpoint's: %s",
+                    listed)
     old, new = flatten(saved), flatten(current)
     changed = {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
                if old.get(k) != new.get(k) and k not in NOT_COMPARED}

@@ -9,16 +9,22 @@ mid-run) is replaced by a local offline store, `fallback_uri`; `python -m swinex
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from swinexp.registry import TRACKERS, ConfigError
 from swinexp.tracking import store_lock
+from swinexp.tracking.dataset import DatasetRecord
+
+if TYPE_CHECKING:
+    from swinexp.tracking.system import SystemMetrics
 
 log = logging.getLogger("swinexp")
 
@@ -26,6 +32,7 @@ T = TypeVar("T")
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
 ON_UNREACHABLE = ("error", "warn")
+LOG_CHECKPOINTS = ("best", "last", "both", "none")  # tracking.log_checkpoints: which checkpoint files end a run
 OFFLINE_STORE = "sqlite:///mlflow-offline.db"  # fallback_uri null: beside mlflow.db, in the starting directory
 # Tags the offline store and sync use to tie runs together across stores.
 CONTINUES_RUN = "swinexp.continues_run"  # a fallback run holding the rest of this (server) run, after it went down
@@ -36,21 +43,26 @@ FAILURE_TAG = "swinexp.failure"          # why a run ended FAILED: "<exception t
 
 class Tracker(Protocol):
     run_id: str | None
+    log_checkpoints: str  # best | last | both | none: the checkpoint files run() logs as artifacts at the end
 
     def start(self, run_name: str, tags: Mapping[str, str], run_id: str | None = None) -> str | None: ...
     def logged_steps(self, key: str) -> set[int]: ...
     def log_params(self, params: Mapping[str, Any]) -> None: ...
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
-    def log_artifact(self, path: Path) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
     def set_status(self, status: str) -> None: ...  # RUNNING, FAILED, ... while the run stays open
     def close(self, status: str = "FINISHED", reason: str | None = None) -> None: ...
+    # called every optimizer step; the tracker keeps every n-th and skips steps a resumed run already holds
+    def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_dataset(self, record: DatasetRecord) -> None: ...
 
 
 class NullTracker:
     """Logs nothing: for quick runs and tests that do not look at a store."""
 
     run_id: str | None = None
+    log_checkpoints = "none"
 
     def start(self, run_name: str, tags: Mapping[str, str], run_id: str | None = None) -> str | None:
         return None
@@ -64,7 +76,7 @@ class NullTracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         pass
 
-    def log_artifact(self, path: Path) -> None:
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -74,6 +86,12 @@ class NullTracker:
         pass
 
     def close(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        pass
+
+    def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_dataset(self, record: DatasetRecord) -> None:
         pass
 
 
@@ -166,13 +184,29 @@ class MlflowTracker:
         on_unreachable: "error": an unreachable server raises ConfigError. "warn": log a warning and use
             `fallback_uri` instead, at start or when the server stops answering mid-run.
         fallback_uri: Absolute URI of the offline store; None means `sqlite:///<cwd>/mlflow-offline.db`.
+        log_every_n_steps: `log_step_metrics` keeps optimizer steps divisible by this; 0 keeps none.
+        log_checkpoints: best | last | both | none (see Tracker.log_checkpoints).
+        system_metrics_interval_s: Seconds between system metric samples; None logs no system metrics.
     """
 
     def __init__(self, uri: str, experiment: str, on_unreachable: str = "error",
-                 fallback_uri: str | None = None) -> None:
+                 fallback_uri: str | None = None, log_every_n_steps: int = 0, log_checkpoints: str = "none",
+                 system_metrics_interval_s: float | None = None) -> None:
         if on_unreachable not in ON_UNREACHABLE:
             raise ConfigError(f"tracking.on_unreachable='{on_unreachable}' is not valid; choose one of: "
                               f"{', '.join(ON_UNREACHABLE)} (warn: log to tracking.fallback_uri and sync later)")
+        if log_checkpoints not in LOG_CHECKPOINTS:
+            raise ConfigError(f"tracking.log_checkpoints='{log_checkpoints}' is not valid; choose one of: "
+                              f"{', '.join(LOG_CHECKPOINTS)} (best: checkpoints/best.ckpt and config.yaml)")
+        if log_every_n_steps < 0:
+            raise ConfigError(f"tracking.log_every_n_steps={log_every_n_steps} must be >= 0 (0: epoch metrics only)")
+        if system_metrics_interval_s is not None and system_metrics_interval_s <= 0:
+            raise ConfigError(f"tracking.system_metrics_interval_s={system_metrics_interval_s} must be > 0 seconds, "
+                              "or null to log no system metrics")
+        self.log_every_n_steps, self.log_checkpoints = log_every_n_steps, log_checkpoints
+        self.system_metrics_interval_s = system_metrics_interval_s
+        self._system: SystemMetrics | None = None
+        self._resumed_steps: int = 0  # log_step_metrics skips optimizer steps up to this (a reopened run has them)
         logging.getLogger("alembic").setLevel(logging.WARNING)
         self.server_uri, self.experiment, self.on_unreachable = uri, experiment, on_unreachable
         self.fallback_uri = fallback_uri or resolve_uri(OFFLINE_STORE, Path(os.getcwd()))
@@ -255,9 +289,16 @@ class MlflowTracker:
         if run_id is None:
             self.run_id = self._store_run_id = self._call(
                 lambda: self.client.create_run(self.experiment_id, run_name=run_name, tags=self._tags).info.run_id)
+            self._resumed_steps = 0
         else:
             self.run_id = run_id
             self._store_run_id = self._call(lambda: self._reopen(run_id))
+            self._resumed_steps = -1  # read from the store at the first log_step_metrics
+        if self.system_metrics_interval_s is not None:
+            from swinexp.tracking.system import SystemMetrics
+
+            self._system = SystemMetrics(self._store_run_id, self.uri, self.system_metrics_interval_s,
+                                         resume=run_id is not None)
         return self.run_id
 
     def _reopen(self, run_id: str) -> str:
@@ -315,8 +356,26 @@ class MlflowTracker:
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         self._call(lambda: self.client.log_batch(self._store_run_id, metrics=batch))
 
-    def log_artifact(self, path: Path) -> None:
-        self._call(lambda: self.client.log_artifact(self._store_run_id, str(path)))
+    def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log at every `log_every_n_steps`-th optimizer step, except steps the (reopened) run already holds."""
+        if not self.log_every_n_steps or step % self.log_every_n_steps:
+            return
+        if self._resumed_steps < 0:
+            self._resumed_steps = max(self.logged_steps(next(iter(metrics))), default=0)
+        if step > self._resumed_steps:
+            self.log_metrics(metrics, step)
+
+    def log_dataset(self, record: DatasetRecord) -> None:
+        """The split as a run input (MLflow's Datasets panel), tagged with its context (training/validation)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(record.name, record.digest, "local", json.dumps({"uri": record.source}),
+                          profile=record.profile())
+        entry = DatasetInput(dataset, [InputTag("mlflow.data.context", record.context)])
+        self._call(lambda: self.client.log_inputs(self._store_run_id, datasets=[entry]))
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self._call(lambda: self.client.log_artifact(self._store_run_id, str(path), artifact_path))
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -329,6 +388,9 @@ class MlflowTracker:
         self._call(lambda: self.client.update_run(self._store_run_id, status=status))
 
     def close(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        if self._system is not None:  # before the run ends: the monitor's last sample goes into a RUNNING run
+            self._system.stop()
+            self._system = None
         if self._store_run_id is not None:
             if reason:
                 self._call(lambda: self.client.set_tag(self._store_run_id, FAILURE_TAG, reason[:5000]))
@@ -347,7 +409,8 @@ def _store_exists(uri: str) -> bool:
 
 @TRACKERS.register("mlflow")
 def mlflow(uri: str | None = None, experiment: str = "swinexp", on_unreachable: str = "error",
-           fallback_uri: str | None = None) -> Tracker:
+           fallback_uri: str | None = None, log_every_n_steps: int = 50, log_checkpoints: str = "best",
+           system_metrics: bool = True, system_metrics_interval_s: float = 10.0) -> Tracker:
     """MLflow tracking; `uri` None means `sqlite:///mlflow.db` in the directory the command was started from.
 
     Args:
@@ -356,10 +419,16 @@ def mlflow(uri: str | None = None, experiment: str = "swinexp", on_unreachable: 
         on_unreachable: "error" (fail in seconds) or "warn" (log to `fallback_uri`, replay later with sync).
         fallback_uri: Offline store for on_unreachable=warn; None means `sqlite:///mlflow-offline.db` in the
             directory the command was started from.
+        log_every_n_steps: Also log step/train/loss, step/train/loss_scale, step/train/overflow every N optimizer
+            steps (step = optimizer step); 0 = epoch metrics only.
+        log_checkpoints: Checkpoint logged with config.yaml as artifacts when the run ends: best | last | both | none.
+        system_metrics: Sample CPU, memory, disk, network (and accelerator memory) into system/*.
+        system_metrics_interval_s: Seconds between samples.
     """
     cwd = Path(os.getcwd())
     return MlflowTracker(resolve_uri(uri, cwd), experiment, on_unreachable,
-                         resolve_uri(fallback_uri or OFFLINE_STORE, cwd))
+                         resolve_uri(fallback_uri or OFFLINE_STORE, cwd), log_every_n_steps, log_checkpoints,
+                         system_metrics_interval_s if system_metrics else None)
 
 
 @TRACKERS.register("none")
