@@ -5,6 +5,7 @@ optimizer steps exactly, with no host-side callback.
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Sequence
 
@@ -14,6 +15,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from swinexp.registry import OPTIMIZERS, SCHEDULERS, ConfigError
 
+log = logging.getLogger("swinexp")
 NO_DECAY_NAMES = ("absolute_pos_embed", "relative_position_bias_table")
 
 
@@ -45,8 +47,16 @@ def _adamw_update_param(beta1: Tensor, beta2: Tensor, eps: Tensor, bias_c1: Tens
     return ops.assign(param, ops.cast(next_param, param.dtype))
 
 
+UPDATE_STEPS = "adam_update_steps"
+
+
 class AdamW(nn.Optimizer):
-    """AdamW with bias correction, as torch.optim.AdamW (MindSpore's AdamWeightDecay has no bias correction)."""
+    """AdamW with bias correction, as torch.optim.AdamW (MindSpore's AdamWeightDecay has no bias correction).
+
+    Two counters, as in the official loop: `global_step` counts optimizer steps attempted and indexes the LR
+    schedule (the train step advances it on an fp16-overflow skip too), `update_steps` counts the updates taken
+    and drives the bias correction (torch's GradScaler skips `optimizer.step()`, so AdamW's `step` stays).
+    """
 
     def __init__(self, params: list[dict[str, Any]], learning_rate: float | Sequence[float],
                  beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
@@ -54,12 +64,14 @@ class AdamW(nn.Optimizer):
         self.beta1, self.beta2, self.eps = (Tensor(x, ms.float32) for x in (beta1, beta2, eps))
         self.moments1 = self._parameters.clone(prefix="adam_m", init="zeros")
         self.moments2 = self._parameters.clone(prefix="adam_v", init="zeros")
+        self.update_steps = Parameter(Tensor([0], ms.int32), name=UPDATE_STEPS, requires_grad=False)
 
     def construct(self, gradients: tuple[Tensor, ...]) -> Tensor:
         lr = self.get_lr()
         weight_decay = self.get_weight_decay()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
-        step = ops.cast(self.global_step, ms.float32).reshape(())
+        self.assignadd(self.update_steps, self.global_step_increase_tensor)
+        step = ops.cast(self.update_steps, ms.float32).reshape(())
         bias_c1 = 1.0 - ops.pow(self.beta1, step)
         bias_c2 = 1.0 - ops.pow(self.beta2, step)
         if self.is_group_lr:
@@ -101,10 +113,14 @@ def warmup_cosine(base_lr: float, epochs: int, steps_per_epoch: int, warmup_epoc
     """Per-step LR: linear from warmup_lr to base_lr over warmup, then cosine from base_lr to min_lr (timm's)."""
     if base_lr <= 0:
         raise ConfigError(f"optimizer.lr={base_lr} must be > 0")
+    if warmup_epochs < 0:
+        raise ConfigError(f"scheduler.warmup_epochs={warmup_epochs} must be >= 0")
     total = epochs * steps_per_epoch
-    warmup = min(int(round(warmup_epochs * steps_per_epoch)), total)
-    if warmup_epochs >= epochs and epochs > 0:
-        raise ConfigError(f"scheduler.warmup_epochs={warmup_epochs} must be < trainer.epochs={epochs}")
+    warmup = int(warmup_epochs * steps_per_epoch)  # truncated, as the official build_scheduler does
+    if warmup >= total > 0:
+        log.warning("scheduler.warmup_epochs=%g covers the whole run (trainer.epochs=%d): the warmup is cut to the "
+                    "run's %d steps and the LR stops short of optimizer.lr", warmup_epochs, epochs, total)
+        warmup = total
     steps = np.arange(total, dtype=np.float64)
     warm = warmup_lr + (base_lr - warmup_lr) * steps[:warmup] / max(warmup, 1)
     progress = (steps[warmup:] - warmup) / max(total - warmup, 1)

@@ -122,6 +122,10 @@ def load(path: Path | Mapping[str, Any], model: nn.Cell, optimizer: nn.Optimizer
     if optimizer is not None:
         names = set(targets) - wanted
         ms.load_param_into_net(optimizer, {k: v for k, v in as_params.items() if k in names}, strict_load=True)
+        counter = getattr(optimizer, "update_steps", None)
+        if counter is not None and counter.name not in arrays and "global_step" in arrays:
+            # written before AdamW counted its updates apart: until then both counters were always equal
+            counter.set_data(Tensor(arrays["global_step"]).astype(counter.dtype))
     for name, param in (extra or {}).items():
         if name not in arrays:
             raise CheckpointError(f"checkpoint lacks '{name}' (the run that wrote it had other trainer settings, "

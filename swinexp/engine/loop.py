@@ -101,7 +101,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
                 if not out.overflow:
                     progress.grad_norms.append(out.grad_norm)
                 bar.update()
-                # the LR of the last optimizer step taken (an overflow skip does not advance the optimizer)
+                # the LR of the last optimizer step (an overflow-skipped step advances the schedule too)
                 lr = float(exp.lr_schedule[max(_optimizer_step(optimizer) - 1, 0)])
                 bar.set_postfix(loss=f"{out.loss:.4f}", lr=f"{lr:.2e}",
                                 img_s=f"{progress.seen / (time.perf_counter() - start):.1f}")

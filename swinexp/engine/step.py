@@ -115,7 +115,8 @@ class TrainStep:
 
     Args:
         model: the (AMP-cast) network; its output is cast to fp32 for the loss.
-        optimizer: updated once per `accumulation_steps` calls; its `global_step` counts optimizer steps.
+        optimizer: updated once per `accumulation_steps` calls; its `global_step` counts optimizer steps, an
+            overflow-skipped one included (it indexes the LR schedule).
         amp: the policy whose loss scaler (and overflow skip) the step uses.
         clip_grad: max global L2 norm of the unscaled, accumulated gradient; None disables clipping.
         jit: compile the step functions with `ms.jit` (graph mode) or run them eagerly.
@@ -200,6 +201,7 @@ class TrainStep:
     def _update_fn(self, optimizer: nn.Optimizer, clip_grad: float | None, ema_decay: float | None,
                    distributed: bool, unscaled: bool) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
         scaler, params, ema = self.scaler, self.params, self.ema
+        advance = ops.AssignAdd()
         if distributed:
             reduce_grads = nn.DistributedGradReducer(params, mean=True)
             all_sum = ops.AllReduce(ops.ReduceOp.SUM)
@@ -222,6 +224,10 @@ class TrainStep:
                 optimizer(grads)
                 if ema_decay is not None:
                     _map(ops.partial(_ema_update, ema_decay), ema, params)
+            else:
+                # a skipped step still advances the LR schedule, as the official loop's step_update on every
+                # iteration; the update count behind AdamW's bias correction stays (optim.AdamW.update_steps)
+                advance(optimizer.global_step, optimizer.global_step_increase_tensor)
             scaler.adjust(finite)
             return norm, ops.logical_not(finite), scale
 
