@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import math
 from typing import Callable
 
@@ -71,9 +72,36 @@ def test_warmup_cosine_endpoints_follow_the_formula() -> None:
     assert np.all(np.diff(lr[:20]) > 0) and np.all(np.diff(lr[20:]) < 0)
 
 
-def test_warmup_longer_than_training_is_rejected() -> None:
-    with pytest.raises(ConfigError, match="warmup_epochs=5 must be < trainer.epochs=3"):
-        warmup_cosine(base_lr=1e-3, epochs=3, steps_per_epoch=4, warmup_epochs=5)
+def _official_warmup_cosine(t: int, base_lr: float, total: int, warmup: int, warmup_lr: float,
+                            min_lr: float) -> float:
+    """timm's CosineLRScheduler as the official build_scheduler sets it up: warmup_t=warmup (already truncated by
+    the caller: int(warmup_epochs * steps_per_epoch)), warmup_prefix=True, t_initial=total - warmup."""
+    if t < warmup:
+        return warmup_lr + t * (base_lr - warmup_lr) / warmup
+    return min_lr + 0.5 * (base_lr - min_lr) * (1 + math.cos(math.pi * (t - warmup) / (total - warmup)))
+
+
+def test_fractional_warmup_truncates_like_the_official_scheduler() -> None:
+    # 0.5 x 15 = 7.5 warmup steps: the official int() gives 7 (rounding gave 8 and an LR off by up to 12.5%)
+    lr = warmup_cosine(base_lr=1e-3, epochs=2, steps_per_epoch=15, warmup_epochs=0.5, warmup_lr=1e-6, min_lr=1e-5)
+    official = [_official_warmup_cosine(t, 1e-3, 30, int(0.5 * 15), 1e-6, 1e-5) for t in range(30)]
+    np.testing.assert_allclose(lr, official, rtol=1e-6)
+    assert lr[7] == pytest.approx(1e-3) and lr[6] < 1e-3  # the peak at step 7, not 8
+
+
+def test_a_run_shorter_than_its_warmup_trains_with_the_warmup_cut_to_the_run(
+        compose: Callable[..., DictConfig], caplog: pytest.LogCaptureFixture) -> None:
+    # trainer.epochs=1 with the default warmup_epochs=1 used to fail: "warmup_epochs=1 must be < trainer.epochs=1"
+    cfg = compose("trainer.epochs=1", "scheduler.warmup_epochs=1", "tracking=none")
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        exp = build_experiment(cfg)
+    assert "warmup is cut to the run's 3 steps" in caplog.text
+    lr = exp.lr_schedule
+    assert lr.shape == (3,) and lr[0] == pytest.approx(5e-7) and np.all(np.diff(lr) > 0) and lr[-1] < 2e-3
+    longer = warmup_cosine(base_lr=1e-3, epochs=3, steps_per_epoch=4, warmup_epochs=5, warmup_lr=0.0)
+    np.testing.assert_allclose(longer, 1e-3 * np.arange(12) / 12, rtol=1e-6)  # linear over the whole run
+    with pytest.raises(ConfigError, match="scheduler.warmup_epochs=-1"):
+        warmup_cosine(base_lr=1e-3, epochs=3, steps_per_epoch=4, warmup_epochs=-1)
 
 
 def test_swin_no_decay_group_is_exactly_biases_norms_and_position_tables() -> None:

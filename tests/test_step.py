@@ -10,6 +10,7 @@ from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy
 from swinexp.engine.step import StepOutput, clip_by_global_norm, global_norm, make_train_step
+from swinexp.optim import adamw
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
 
 
@@ -43,7 +44,26 @@ def test_fp16_overflow_is_skipped_and_halves_the_scale() -> None:
     assert out.updated and out.overflow and np.isfinite(out.loss) and out.loss_scale == 2.0**40
     assert all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))  # weights unchanged
     assert float(step.scaler.scale_value.asnumpy()) == 2.0**39
-    assert _step_count(optimizer) == 0  # no optimizer step, so no LR step either
+    assert _step_count(optimizer) == 1  # no update, but the LR schedule moves on (as the official loop)
+
+
+def test_an_overflow_skipped_step_still_advances_the_lr_schedule() -> None:
+    # scale 2^40 overflows fp16; the factor 2^30 brings the next step down to 2^10, which does not
+    policy = AMP_POLICIES.build({"name": "o3", "init_scale": 2.0**40, "scale_factor": 2**30})
+    net = policy.apply(_dense())
+    lrs = np.array([0.1, 0.01, 0.001], np.float32)
+    optimizer = adamw(net, Tensor(lrs), weight_decay=0.0)
+    step = make_train_step(net, optimizer, policy, clip_grad=None, jit=True)
+    before = _weights(net)
+    assert step(*_batch(8)).overflow
+    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))
+    assert _step_count(optimizer) == 1 and int(optimizer.update_steps.asnumpy()[0]) == 0
+    assert not step(*_batch(8)).overflow
+    assert _step_count(optimizer) == 2 and int(optimizer.update_steps.asnumpy()[0]) == 1
+    # AdamW's first update (bias correction t=1, as torch's: GradScaler skipped optimizer.step()) is lr * sign(g):
+    # every weight moved by the schedule's value at step 1, 0.01 (not step 0's 0.1; t=2 would give 0.0074)
+    for a, b in zip(before, _weights(net)):
+        np.testing.assert_allclose(np.abs(b - a), lrs[1], rtol=1e-3)
 
 
 def test_clean_steps_grow_the_scale_after_the_window() -> None:
@@ -99,11 +119,12 @@ def test_a_non_finite_micro_batch_skips_the_whole_window_and_leaves_clean_buffer
     bad = Tensor(np.full((4, 4), np.inf, np.float32))
     step(bad, _batch(4)[1])
     out = step(*_batch(4))  # finite, but the window had an overflow
-    assert out.overflow and _step_count(optimizer) == 0
+    assert out.overflow and _step_count(optimizer) == 1  # skipped: no update, the LR schedule moves on
     assert all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))
     assert all(np.all(buf.asnumpy() == 0) for buf in step.accum)  # cleared by subtraction, still finite
     step(*_batch(4, seed=1))
-    assert not step(*_batch(4, seed=2)).overflow and _step_count(optimizer) == 1  # the next window trains
+    assert not step(*_batch(4, seed=2)).overflow and _step_count(optimizer) == 2  # the next window trains
+    assert not all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))
 
 
 def test_clipping_bounds_the_unscaled_gradient_norm() -> None:

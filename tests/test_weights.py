@@ -16,7 +16,8 @@ from safetensors.numpy import load_file
 from swinexp.build import node
 from swinexp.engine import checkpoint
 from swinexp.models import MODELS, SwinTransformer, create_model
-from swinexp.models.pretrained import assign, load_weights, model_state, read_weights
+from swinexp.models.convert import to_timm
+from swinexp.models.pretrained import assign, load_weights, model_state, read_weights, write_safetensors
 from swinexp.optim import adamw
 from swinexp.registry import ConfigError
 from swinexp.weights import main
@@ -74,6 +75,25 @@ def test_cli_import_export_round_trip_is_exact(reference: SwinTransformer, saved
     assert np.array_equal(from_timm(IMAGES).asnumpy(), reference(IMAGES).asnumpy())
     np.testing.assert_array_equal(model_state(fused)["layers.0.downsample.norm.gamma"],
                                   state["layers.0.downsample.norm.gamma"])
+
+
+def test_cli_import_reports_the_tensors_it_read_and_wrote_and_takes_architecture_overrides(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    small = micro(embed_dim=16, qkv="split")  # not conf/model/swin_micro.yaml's width
+    src, out = tmp_path / "small.safetensors", tmp_path / "small.ckpt"
+    write_safetensors(to_timm(model_state(small)), src)
+    in_file = len(load_file(str(src)))
+    assert in_file < len(list(small.get_parameters()))  # the file fuses q/k/v; the split model counts them apart
+    with pytest.raises(SystemExit) as failed:  # the file's width does not fit the YAML's
+        main(["import", str(src), str(out), "--model", "swin_micro"])
+    assert failed.value.code == 2 and "shape mismatches" in capsys.readouterr().err
+    assert main(["import", str(src), str(out), "--model", "swin_micro", "--set", "embed_dim=16",
+                 "--set", "qkv=split"]) == 0
+    printed = capsys.readouterr().out
+    assert f"read {in_file} tensors" in printed and f"wrote {in_file} tensors" in printed
+    assert len(read_weights(out)) == in_file
+    loaded = micro(embed_dim=16, qkv="fused", pretrained=str(out))
+    np.testing.assert_array_equal(loaded(IMAGES).asnumpy(), small(IMAGES).asnumpy())
 
 
 @pytest.mark.parametrize("qkv,merging,bias", [("fused", "slice", "gather"), ("fused_split", "reshape", "onehot"),
