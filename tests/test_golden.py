@@ -9,7 +9,7 @@ trajectory (AdamW no-decay groups, warmup-cosine with warmup_epochs=0.5 at 3 ste
 
 Tolerances (fp32 on both sides, different kernels and summation orders), relative L2: logits 1e-5 (measured
 2.2e-7), input gradient 1e-5 (1.1e-6), every micro-batch loss 1e-5, grad norms 1e-4, LRs 1e-6 (the same
-formula), final weights 1e-4 per tensor (measured 8e-6 at worst, a zero-initialised-scale qkv bias: AdamW's
+formula), final weights 1e-4 per tensor (measured 8e-6 at worst, a qkv bias: AdamW's
 first steps move every element by about lr whatever its gradient's size, so tiny gradients amplify noise).
 """
 from __future__ import annotations

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -10,7 +11,8 @@ from mindspore import Parameter, Tensor, nn
 from omegaconf import DictConfig
 
 from swinexp.build import build_experiment
-from swinexp.optim import adamw, lr_scale, param_groups, warmup_cosine
+from swinexp.engine import checkpoint
+from swinexp.optim import UPDATE_STEPS, adamw, lr_scale, param_groups, warmup_cosine
 from swinexp.registry import MODELS, ConfigError
 
 
@@ -59,6 +61,20 @@ def test_adamw_follows_torch_adamw_with_bias_correction_and_per_step_lr() -> Non
     np.testing.assert_allclose(net.weight.asnumpy(), _torch_adamw(w0, [g[0] for g in grads], lrs, 0.5), atol=1e-5)
     np.testing.assert_allclose(net.bias.asnumpy(), _torch_adamw(b0, [g[1] for g in grads], lrs, 0.0), atol=1e-5)
     assert int(opt.global_step.asnumpy()[0]) == 3
+
+
+def test_a_checkpoint_without_the_update_count_resumes_with_it_equal_to_the_step(tmp_path: Path) -> None:
+    # written before AdamW counted its updates apart from global_step; a zero count would make the first resumed
+    # update ~10x too large (bias correction of step 1 on warmed-up moments)
+    net = nn.Dense(3, 2)
+    opt = adamw(net, lr=1e-3)
+    for _ in range(3):
+        opt((Tensor(np.ones((2, 3), np.float32)), Tensor(np.ones(2, np.float32))))
+    path = checkpoint.save(tmp_path / "old.ckpt", net, opt)
+    values = {k: v for k, v in checkpoint.read(path).items() if k != UPDATE_STEPS}
+    fresh = adamw(net, lr=1e-3)
+    checkpoint.load(values, net, fresh)
+    assert int(fresh.update_steps.asnumpy()[0]) == int(fresh.global_step.asnumpy()[0]) == 3
 
 
 def test_warmup_cosine_endpoints_follow_the_formula() -> None:
