@@ -3,7 +3,7 @@
     python -m swinexp.weights import swin_tiny.safetensors swin_tiny.ckpt --model swin_tiny
     python -m swinexp.weights import swin_tiny_patch4_window7_224.pth swin_tiny.ckpt --model swin_tiny  # needs torch
     python -m swinexp.weights export swin_tiny.ckpt swin_tiny.safetensors --model swin_tiny
-    python -m swinexp.weights import micro.safetensors micro.ckpt --model swin_micro --set embed_dim=16 --set img_size=32
+    python -m swinexp.weights import micro.safetensors micro.ckpt --model swin_micro --set embed_dim=16
 
 `import` reads a timm `.safetensors` (no torch needed), an official `.pth` or a `.ckpt`, detects its layout, checks
 every tensor against `--model` and writes a MindSpore checkpoint with the official names (fused qkv, LayerNorm

@@ -200,8 +200,9 @@ def check(cfg: DictConfig, tracker: Tracker, steps: int = 5, locate: bool = Fals
               f"LR convention {'official main.py: f(k-1) at step k' if lr_lag else 'f(k) at step k (timm, swinexp)'}")]
     if recipe.amp_dtype is not None:
         note = reference.autocast_note(recipe.amp_dtype)
-        header.append(f"reference precision: torch.autocast(cpu, {recipe.amp_dtype})"
-                      + (" + GradScaler" if recipe.amp_dtype == "float16" else "") + (f"; NOTE: {note}" if note else ""))
+        scaler = " + GradScaler" if recipe.amp_dtype == "float16" else ""
+        header.append(f"reference precision: torch.autocast(cpu, {recipe.amp_dtype}){scaler}"
+                      + (f"; NOTE: {note}" if note else ""))
     report = Report(header, tolerance=tolerance)
     windows = _windows(exp)
     first_window = next(windows)

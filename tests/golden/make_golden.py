@@ -89,8 +89,8 @@ def main() -> None:
                "train.lrs": np.array([rec.lr for rec in records], np.float32),
                "train.grad_norms": np.array([rec.grad_norm for rec in records], np.float32),
                **{f"init.{k}": v for k, v in init.items()}, **{f"final.{k}": v for k, v in final.items()}}
-    meta = {"arch": ARCH, "recipe": RECIPE, "torch": torch.__version__,
-            "timm": __import__("timm").__version__, "clipped_steps": [rec.grad_norm > r["clip_grad"] for rec in records]}
+    meta = {"arch": ARCH, "recipe": RECIPE, "torch": torch.__version__, "timm": __import__("timm").__version__,
+            "clipped_steps": [rec.grad_norm > r["clip_grad"] for rec in records]}
     save_file(tensors, str(OUT), metadata={"golden": json.dumps(meta)})
     print(f"wrote {OUT} ({OUT.stat().st_size / 1e6:.2f} MB): losses {tensors['train.losses']}, "
           f"lrs {tensors['train.lrs']}, grad norms {tensors['train.grad_norms']}")
