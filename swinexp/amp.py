@@ -14,9 +14,9 @@ The train step is the only consumer of an AmpPolicy: it calls `apply` once on th
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from difflib import get_close_matches
-from typing import Sequence
 
 import mindspore as ms
 from mindspore import nn

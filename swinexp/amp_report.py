@@ -7,7 +7,7 @@ gives both texts for a training run to save.
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import mindspore as ms
 import numpy as np

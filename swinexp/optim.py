@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mindspore as ms
 import numpy as np

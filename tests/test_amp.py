@@ -131,7 +131,8 @@ def test_bad_amp_settings_name_the_key(node: dict, match: str) -> None:
 
 def test_loss_scale_modes_build_the_right_scaler() -> None:
     dynamic = AMP_POLICIES.build({"name": "o2"}).make_scaler()
-    assert float(dynamic.scale_value.asnumpy()) == 2.0**16 and dynamic.scale_factor == 2 and dynamic.scale_window == 2000
+    assert float(dynamic.scale_value.asnumpy()) == 2.0**16
+    assert dynamic.scale_factor == 2 and dynamic.scale_window == 2000
     static = AMP_POLICIES.build({"name": "o2", "loss_scale": "static", "init_scale": 1024}).make_scaler()
     assert float(static.scale_value.asnumpy()) == 1024.0 and not hasattr(static, "counter")
     assert float(AmpPolicy(level="O0").make_scaler().scale_value.asnumpy()) == 1.0

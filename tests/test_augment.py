@@ -103,7 +103,8 @@ TIMM_ARGS_M9 = {
     "ColorIncreasing": (1.81,), "ContrastIncreasing": (1.81,), "BrightnessIncreasing": (1.81,),
     "SharpnessIncreasing": (1.81,), "ShearX": (0.27,), "ShearY": (0.27,), "TranslateX": (90.0,),
     "TranslateY": (90.0,), "TranslateXRel": (0.405,), "TranslateYRel": (0.405,),
-    "Desaturate": (0.95,), "GaussianBlur": (1.81,), "GaussianBlurRand": (0.95,),  # rng=None: the middle of U(0.1, 2 * 0.9)
+    # rng=None: the middle of U(0.1, 2 * 0.9)
+    "Desaturate": (0.95,), "GaussianBlur": (1.81,), "GaussianBlurRand": (0.95,),
 }
 SIGNED = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
 
@@ -229,7 +230,8 @@ def test_create_transform_uses_colour_jitter_only_without_auto_augment() -> None
     assert aug.ops[0].hparams["translate_const"] == 100 and aug.ops[0].hparams["img_mean"] == (124, 116, 104)
     assert create_transform(32, is_training=True, color_jitter=None).color == ()
     assert isinstance(create_transform(32, True, auto_augment="augmix-m5-w4-d2").color[0], AugMix)
-    assert create_transform(32, True, re_prob=0.25, re_mode="pixel").erasing == RandomErasing(0.25, mode="pixel", max_count=1)
+    erasing = create_transform(32, True, re_prob=0.25, re_mode="pixel").erasing
+    assert erasing == RandomErasing(0.25, mode="pixel", max_count=1)
 
 
 def test_create_transform_gives_normalized_chw_and_is_reproducible() -> None:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import mindspore as ms
 import numpy as np

@@ -52,7 +52,8 @@ def test_synthetic_builder_reads_its_folder_with_balanced_sorted_classes(tmp_pat
 
 
 def test_imagefolder_labels_are_sorted_class_folder_indices(tmp_path: Path) -> None:
-    _write_folder(tmp_path, {"train": {"zebra": 2, "apple": 1, "mango": 3}, "val": {"zebra": 1, "apple": 1, "mango": 1}})
+    _write_folder(tmp_path, {"train": {"zebra": 2, "apple": 1, "mango": 3},
+                             "val": {"zebra": 1, "apple": 1, "mango": 1}})
     classes, samples = scan_split(tmp_path, "train")
     assert classes == ["apple", "mango", "zebra"]
     assert sorted({(Path(p).parent.name, label) for p, label in samples}) == [("apple", 0), ("mango", 1), ("zebra", 2)]
@@ -79,7 +80,7 @@ def test_imagefolder_class_count_must_match_num_classes(tmp_path: Path) -> None:
 
 
 def test_imagefolder_counts_its_class_folders_unless_told(tmp_path: Path) -> None:
-    _write_folder(tmp_path, {split: {c: 1 for c in "abcd"} for split in ("train", "val")})
+    _write_folder(tmp_path, {split: dict.fromkeys("abcd", 1) for split in ("train", "val")})
     spec = imagefolder(str(tmp_path))  # data.num_classes: null, the imagefolder default
     assert spec.num_classes == 4 and spec.classes == ("a", "b", "c", "d")
     assert imagenet(str(tmp_path), num_classes=None).num_classes == 4
@@ -179,7 +180,8 @@ def test_smoothed_targets_follow_timm() -> None:
     assert np.allclose(targets[0], [0.025, 0.025, 0.925, 0.025]) and np.allclose(targets.sum(axis=1), 1)
 
 
-CIFAR_TAR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cifar10"  # ../shared beside the checkout
+# ../shared beside the checkout
+CIFAR_TAR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cifar10"
 
 
 def _write_bad_inputs(folder: Path) -> dict[str, tuple[int, int, int]]:

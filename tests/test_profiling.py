@@ -53,7 +53,7 @@ def test_profiles_two_steps_of_a_jitted_micro_swin(tmp_path: Path) -> None:
     assert by_type, text
     types = {row[0] for row in by_type}
     assert "MatMul" in types  # real kernel names from MindSpore's CPU op table
-    for op_type, calls, per_step, total, mean, share in by_type:
+    for op_type, calls, _per_step, total, mean, share in by_type:
         assert int(calls) > 0 and float(total) > 0 and float(mean) > 0 and 0 < float(share) <= 100, op_type
     top = _rows(text, "Top 20 ops by total time")
     assert any("Gradients/" in row[0] for row in top)  # backward kernels are in the window too

@@ -26,7 +26,8 @@ def test_duplicate_name_raises_naming_the_first_registration() -> None:
 
 
 def test_unknown_name_lists_choices_and_a_close_match() -> None:
-    with pytest.raises(ConfigError, match=r"model.name='swin_tiyn'.*Choose one of: swin_tiny.*Did you mean 'swin_tiny'"):
+    expected = r"model.name='swin_tiyn'.*Choose one of: swin_tiny.*Did you mean 'swin_tiny'"
+    with pytest.raises(ConfigError, match=expected):
         _make().build({"name": "swin_tiyn", "num_classes": 3})
 
 

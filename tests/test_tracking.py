@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hydra import compose as compose_cfg
@@ -131,9 +131,9 @@ def _start_server(root: Path, port: int) -> subprocess.Popen:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
             return proc
-        except OSError:
+        except OSError as err:
             if proc.poll() is not None:
-                raise RuntimeError((root / "server.log").read_text()[-2000:])
+                raise RuntimeError((root / "server.log").read_text()[-2000:]) from err
             time.sleep(0.5)
     _stop_server(proc)
     raise RuntimeError("mlflow server did not answer /health in 120 s")

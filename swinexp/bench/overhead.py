@@ -63,7 +63,7 @@ def time_mlflow(params: dict, stores: int, epochs: int) -> dict[str, list[float]
     """Seconds, in `stores` fresh stores after an untimed one (it pays MLflow's import): open + start a run,
     log_params once, then log_metrics once per each of `epochs` epochs."""
     costs: dict[str, list[float]] = {"open": [], "params": [], "epoch": []}
-    metrics = {key: 0.5 for key in EPOCH_METRICS}
+    metrics = dict.fromkeys(EPOCH_METRICS, 0.5)
     for store in range(stores + 1):
         timed = {"open": [], "params": [], "epoch": []}
         with tempfile.TemporaryDirectory() as tmp:
@@ -118,7 +118,8 @@ def run(opts: Options) -> BenchResult:
              f"stores; {describe()}")
     notes = ((f"One epoch of this config: {batches} batches x {1000 * statistics.median(steady):.1f} ms median "
               f"steady step = {epoch_s:.1f} s (evaluation and checkpointing not included)."),
-             f"{len(params)} params; MLflow store: SQLite in a temporary folder, through swinexp.tracking.MlflowTracker.",
+             f"{len(params)} params; MLflow store: SQLite in a temporary folder, through "
+             "swinexp.tracking.MlflowTracker.",
              f"1-minute load average: {loads[0]:.1f} before, {loads[1]:.1f} after.")
     columns = ("phase", "median", "min", "max", "unit")
     return BenchResult("overhead", Table(title, columns, tuple(rows), notes), metrics)

@@ -1,9 +1,9 @@
 """`step`: the full train step of a model config per variant (rewrites, amp policies), round-robin in one process.
 
 Every variant is the same composed config plus its own Hydra overrides, built through the registries and run by
-`swinexp.engine.step.make_train_step` exactly as training runs it (forward, soft-target loss, backward, loss-scaled AdamW
-update). The reference (first) variant is the official formulation in fp32; the ratio column divides each
-variant's step time by the reference's measured in the same process.
+`swinexp.engine.step.make_train_step` exactly as training runs it (forward, soft-target loss, backward,
+loss-scaled AdamW update). The reference (first) variant is the official formulation in fp32; the ratio column
+divides each variant's step time by the reference's measured in the same process.
 """
 from __future__ import annotations
 

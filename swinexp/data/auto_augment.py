@@ -214,7 +214,8 @@ class AugMix:
         return Image.blend(img, Image.fromarray(np.clip(mixed, 0, 255).astype(np.uint8)), m)
 
     def __repr__(self) -> str:
-        return f"AugMix(alpha={self.alpha}, width={self.width}, depth={self.depth}, ops=[{', '.join(map(repr, self.ops))}])"
+        ops = ", ".join(map(repr, self.ops))
+        return f"AugMix(alpha={self.alpha}, width={self.width}, depth={self.depth}, ops=[{ops}])"
 
 
 def _sections(config_str: str, prefix: str, allowed: Sequence[str]) -> tuple[str, list[tuple[str, str]]]:
@@ -270,7 +271,8 @@ def rand_augment_transform(config_str: str, hparams: Mapping[str, Any] | None = 
     if choice is not None:
         sets = {"weights": RAND_WEIGHTED_0, "3aw": RAND_WEIGHTED_3A, "3a": RAND_3A}
         if choice not in sets:
-            raise ConfigError(f"auto_augment='{config_str}': t{choice} is not an op set; use one of tweights, t3a, t3aw")
+            raise ConfigError(f"auto_augment='{config_str}': t{choice} is not an op set; "
+                              "use one of tweights, t3a, t3aw")
         chosen = sets[choice]
         names = tuple(chosen)
         if isinstance(chosen, dict):

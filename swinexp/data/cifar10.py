@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from swinexp.registry import ConfigError
 

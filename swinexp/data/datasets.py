@@ -4,9 +4,10 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from swinexp.data.folder import Sample, read_class_index, scan_image_folder
 from swinexp.data.synthetic import SHAPES, generate
@@ -100,7 +101,8 @@ def imagefolder(root: str, num_classes: int | None = None, img_size: int = 224, 
     a number must equal it. Labels follow the sorted class folder names, or the order of the `class_index` file."""
     _check_loader_args(batch_size, num_workers, img_size, crop_pct)
     if not Path(root).is_dir():
-        raise ConfigError(f"data.root='{root}' does not exist; point it at a folder holding {train_split}/ and {val_split}/")
+        raise ConfigError(f"data.root='{root}' does not exist; point it at a folder holding {train_split}/ and "
+                          f"{val_split}/")
     order = read_class_index(Path(class_index)) if class_index else None
     classes, train, val = scan_image_folder(Path(root), train_split, val_split, order)
     if num_classes is not None and len(classes) != num_classes:

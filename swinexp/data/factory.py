@@ -55,11 +55,13 @@ def check_train_args(img_size: int, scale: Sequence[float], ratio: Sequence[floa
                      hflip: float, re_prob: float, re_mode: str, re_count: int) -> None:
     """Raise ConfigError (naming data.augment.<key>) for arguments timm would reject or misuse."""
     if interpolation not in TRAIN_INTERPOLATIONS:
-        raise ConfigError(f"data.augment.interpolation='{interpolation}'; choose one of: {', '.join(TRAIN_INTERPOLATIONS)}")
+        raise ConfigError(f"data.augment.interpolation='{interpolation}'; choose one of: "
+                          f"{', '.join(TRAIN_INTERPOLATIONS)}")
     if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
         raise ConfigError(f"data.augment.scale={list(scale)} must be [min, max] with 0 < min <= max <= 1")
     if len(ratio) != 2 or not 0 < ratio[0] <= ratio[1]:
-        raise ConfigError(f"data.augment.ratio={list(ratio)} must be [min, max] with 0 < min <= max, e.g. [0.75, 1.333]")
+        raise ConfigError(f"data.augment.ratio={list(ratio)} must be [min, max] with 0 < min <= max, "
+                          "e.g. [0.75, 1.333]")
     for key, p in (("hflip", hflip), ("re_prob", re_prob)):
         if not 0 <= p <= 1:
             raise ConfigError(f"data.augment.{key}={p} is a probability; use a value in [0, 1]")

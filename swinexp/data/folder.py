@@ -38,7 +38,8 @@ def scan_split(root: Path, split: str, order: list[str] | None = None) -> tuple[
     for label, name in enumerate(classes):
         files = sorted(p for p in (split_dir / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
-            raise ConfigError(f"class folder '{split_dir / name}' holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+            suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
+            raise ConfigError(f"class folder '{split_dir / name}' holds no images ({suffixes})")
         samples.extend((str(p), label) for p in files)
     return classes, samples
 

@@ -114,8 +114,8 @@ class Loader:
         self.batch_size, self.drop_remainder = batch_size, train
         if train and len(self.sampler) < batch_size:
             raise ConfigError(
-                f"the train split has {len(self.sampler)} samples, fewer than one batch of data.batch_size={batch_size}; "
-                "lower data.batch_size or add data"
+                f"the train split has {len(self.sampler)} samples, fewer than one batch of "
+                f"data.batch_size={batch_size}; lower data.batch_size or add data"
             )
         self._source = DecodeTransform(samples, transform, seed)
         self._targets, self._seed, self._workers = targets, seed, num_workers

@@ -9,8 +9,9 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn

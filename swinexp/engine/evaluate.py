@@ -1,7 +1,8 @@
 """Validation: loss, top-1 and top-5 over a loader; pure (no logging)."""
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Iterable
+from typing import Callable
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
@@ -45,7 +46,8 @@ def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],
             phases.mark("eval")
         count += int(labels.shape[0])
     if distributed:  # every rank evaluated its own shard: add the sums up so all ranks report the whole set
-        loss, top1, top5, count = ops.AllReduce(ops.ReduceOp.SUM)(Tensor([loss, top1, top5, count], ms.float32)).tolist()
+        sums = ops.AllReduce(ops.ReduceOp.SUM)(Tensor([loss, top1, top5, count], ms.float32))
+        loss, top1, top5, count = sums.tolist()
     if count == 0:
         raise ValueError("evaluate() received no batches")
     return {"val/loss": loss / count, "val/top1": 100.0 * top1 / count, "val/top5": 100.0 * top5 / count}

@@ -248,7 +248,7 @@ class SwinTransformerBlock(nn.Cell):
 
     def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
         """x (B, L, C); drop_scales (branches, B) and dropout_keys (sites, 2) of the whole model, or None."""
-        b, l, c = x.shape
+        b, length, c = x.shape
         r, ws = self.input_resolution, self.window_size
         k = self.key_row
         shortcut = x
@@ -257,7 +257,7 @@ class SwinTransformerBlock(nn.Cell):
         x = ops.reshape(window_partition(x, ws), (-1, ws * ws, c))  # (B*nW, N, C)
         x = self.attn(x, self.attn_mask, _row(dropout_keys, k), _row(dropout_keys, k + 1))  # (B*nW, N, C)
         x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r)  # (B, H, W, C)
-        x = ops.reshape(roll_hw(x, self.shift_size), (b, l, c))  # (B, L, C)
+        x = ops.reshape(roll_hw(x, self.shift_size), (b, length, c))  # (B, L, C)
         if self.drop_path1 is not None:
             x = self.drop_path1(x, _row(drop_scales, self.path_row))
         x = shortcut + x

@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 log = logging.getLogger("swinexp")
 

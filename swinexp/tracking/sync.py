@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from swinexp.registry import ConfigError
 from swinexp.tracking import CONTINUES_RUN, SYNCED_FROM, SYNCED_TO, check_reachable, find_run, open_experiment
