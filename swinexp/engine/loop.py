@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,7 @@ from swinexp.engine.evaluate import evaluate, make_eval_step
 from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
 from swinexp.engine.step import TrainStep, make_train_step
 from swinexp.runtime import launch, phases
-from swinexp.runtime.interrupt import Interrupted, stop_on_signals
+from swinexp.runtime.interrupt import Interrupted, StopRequest, stop_on_signals
 
 if TYPE_CHECKING:
     from swinexp.engine.profiling import StepProfiler
@@ -31,9 +31,26 @@ class NonFiniteLoss(FloatingPointError):
     """trainer.max_nonfinite losses in a row were not finite; the last good state was checkpointed."""
 
 
+@dataclass
+class _Checkpoints:
+    """Writes the whole training state with its `Progress` record; only rank 0 writes (the ranks hold the same)."""
+
+    checkpointer: checkpoint.Checkpointer
+    exp: Experiment
+    train_step: TrainStep
+    main_rank: bool
+
+    def save(self, progress: Progress, best: bool = False) -> None:
+        if self.main_rank:
+            meta = {PROGRESS_KEY: progress.to_json(), "epoch": progress.epoch, "mlflow_run_id": progress.mlflow_run_id}
+            self.checkpointer.save(_optimizer_step(self.exp.optimizer), self.exp.model, self.exp.optimizer, meta,
+                                   self.train_step.state(), best)
+
+
 def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | None = None,
         config: dict | None = None, choices: dict[str, str | None] | None = None) -> list[dict[str, float]]:
-    """Train for trainer.epochs, evaluating, checkpointing and logging after every epoch.
+    """Train up to trainer.stop_after_epoch (null: trainer.epochs), evaluating, checkpointing and logging after
+    every epoch; the LR schedule always spans trainer.epochs, so a run stopped early continues it unchanged.
 
     An epoch is `exp.steps_per_epoch` optimizer steps of `trainer.accumulation_steps` micro-batches each; the LR
     schedule and every step counter count optimizer steps. With trainer.ema.decay set, the EMA weights are
@@ -44,104 +61,130 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
     Returns:
         The metrics of every epoch, in order (those before a resumption included).
     """
-    trainer, model, optimizer = exp.trainer, exp.model, exp.optimizer
-    distributed, main_rank = launch.is_worker(), launch.rank() == 0
-    train_step = make_train_step(model, optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
-                                 trainer.accumulate_on, trainer.ema.decay, distributed)
-    eval_step = make_eval_step(model, jit)
-    progress = Progress(mlflow_run_id=exp.tracker.run_id or "", config=config or {}, choices=choices or {})
-    if resume_from is not None:
-        checkpoint.load(resume_from.values, model, optimizer, train_step.state())
-        progress = replace(resume_from.progress, mlflow_run_id=progress.mlflow_run_id,
-                                       config=progress.config or resume_from.progress.config,
-                                       choices=progress.choices or resume_from.progress.choices)
-        _relog_missing_epochs(exp, progress.history)
-        log.info("resumed from %s: epoch %d, %d batches done, optimizer step %d", resume_from.path,
-                 progress.epoch + 1, progress.batches_done, _optimizer_step(optimizer))
-    checkpointer = checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last)
-
-    def save(best: bool = False) -> None:
-        if main_rank:  # every rank holds the same weights; one copy on disk
-            meta = {PROGRESS_KEY: progress.to_json(), "epoch": progress.epoch,
-                    "mlflow_run_id": progress.mlflow_run_id}
-            checkpointer.save(_optimizer_step(optimizer), model, optimizer, meta, train_step.state(), best)
-
-    micro_batches = exp.steps_per_epoch * trainer.accumulation_steps
+    trainer, distributed = exp.trainer, launch.is_worker()
+    train_step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, jit,
+                                 trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay, distributed)
+    eval_step = make_eval_step(exp.model, jit)
+    progress = _starting_progress(exp, train_step, resume_from, config, choices)
+    checkpoints = _Checkpoints(checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last), exp,
+                               train_step, launch.rank() == 0)
     profiler = _profiler(trainer, run_dir)
+    last_epoch = trainer.stop_after_epoch or trainer.epochs
     with stop_on_signals() as stop:
-        while progress.epoch < trainer.epochs:
+        while progress.epoch < last_epoch:
             epoch = progress.epoch
-            model.set_train(True)
-            bar = tqdm(total=exp.steps_per_epoch, initial=progress.batches_done // trainer.accumulation_steps,
-                       desc=f"epoch {epoch + 1}/{trainer.epochs}", leave=False, dynamic_ncols=True,
-                       disable=not (trainer.progress_bar and main_rank))
-            start, nonfinite_run, lr = time.perf_counter() - progress.train_time_s, 0, float("nan")
-            batches = exp.train_loader.epoch(epoch, start_batch=progress.batches_done)
-            for images, targets in _limit(batches, micro_batches - progress.batches_done):
-                step_number = _optimizer_step(optimizer) + 1
-                if profiler:
-                    profiler.before_step(step_number)
-                out = train_step(images, targets)
-                phases.mark("step")
-                progress.batches_done += 1
-                progress.losses.append(out.loss)
-                progress.seen += int(images.shape[0])
-                nonfinite_run = 0 if math.isfinite(out.loss) else nonfinite_run + 1
-                if not out.updated:
-                    continue
-                if profiler:
-                    profiler.after_step(step_number)
-                progress.overflow_steps += out.overflow
-                progress.loss_scale = out.loss_scale
-                # step = the optimizer step's place in the epochs (overflow skips count), so a resume logs no step twice
-                exp.tracker.log_step_metrics({
-                    "step/train/loss": float(np.mean(progress.losses[-trainer.accumulation_steps:])),
-                    "step/train/loss_scale": out.loss_scale, "step/train/overflow": float(out.overflow)},
-                    step=epoch * exp.steps_per_epoch + progress.batches_done // trainer.accumulation_steps)
-                if not out.overflow:
-                    progress.grad_norms.append(out.grad_norm)
-                bar.update()
-                # the LR of the last optimizer step (an overflow-skipped step advances the schedule too)
-                lr = float(exp.lr_schedule[max(_optimizer_step(optimizer) - 1, 0)])
-                bar.set_postfix(loss=f"{out.loss:.4f}", lr=f"{lr:.2e}",
-                                img_s=f"{progress.seen / (time.perf_counter() - start):.1f}")
-                if nonfinite_run >= trainer.max_nonfinite:
-                    progress.train_time_s = time.perf_counter() - start
-                    save()  # the updates of non-finite steps were skipped: these are the last good weights
-                    raise NonFiniteLoss(
-                        f"the train loss was not finite for {nonfinite_run} micro-batches in a row (trainer."
-                        f"max_nonfinite={trainer.max_nonfinite}), up to epoch {epoch + 1}, batch "
-                        f"{progress.batches_done}, optimizer step {_optimizer_step(optimizer)} (amp {exp.amp.level}). "
-                        "The forward pass itself is not finite, which loss scaling cannot fix; the last good state is "
-                        f"checkpointed in {run_dir / 'checkpoints'}. Try amp=o1_manual or o0, a lower optimizer.lr, "
-                        "or trainer.clip_grad")
-                last_of_epoch = progress.batches_done == micro_batches
-                every = trainer.checkpoint.every_n_steps
-                if stop.signum is not None or (every and _optimizer_step(optimizer) % every == 0
-                                               and not last_of_epoch):
-                    progress.train_time_s = time.perf_counter() - start
-                    save()
-                    if stop.signum is not None:
-                        raise Interrupted(stop.signum)
-            bar.close()
+            start = time.perf_counter() - progress.train_time_s
+            lr = _train_epoch(exp, train_step, progress, checkpoints, stop, profiler, start, run_dir)
             metrics = _epoch_metrics(exp, train_step, eval_step, progress, time.perf_counter() - start, lr,
                                      distributed)
             best = metrics["val/top1"] > max((m["val/top1"] for m in progress.history), default=-math.inf)
             progress.history.append(metrics)
             progress.epoch += 1
             progress.start_epoch()
-            save(best)
+            checkpoints.save(progress, best)
             phases.mark("mlflow")
             exp.tracker.log_metrics(metrics, step=epoch + 1)  # step 10 = end of the tenth epoch
             _log_epoch(epoch, trainer.epochs, metrics)
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
+    if progress.epoch < trainer.epochs:
+        log.info("trainer.stop_after_epoch=%d: stopped after epoch %d of %d; continue with the same command and "
+                 "trainer.stop_after_epoch=null (or a later epoch) in this run dir", last_epoch, progress.epoch,
+                 trainer.epochs)
     if profiler and (summary := profiler.finish()) is not None:
         exp.tracker.log_artifact(summary)
         log.info("profile of the train step (top ops by time): %s", summary)
     if distributed:  # a cheap cross-rank check that data parallelism kept the replicas identical
-        (run_dir / f"weights_rank{launch.rank()}.sha256").write_text(checkpoint.weights_digest(model) + "\n")
+        (run_dir / f"weights_rank{launch.rank()}.sha256").write_text(checkpoint.weights_digest(exp.model) + "\n")
     return progress.history
+
+
+def _starting_progress(exp: Experiment, train_step: TrainStep, resume_from: ResumePoint | None,
+                       config: dict | None, choices: dict[str, str | None] | None) -> Progress:
+    """A fresh record, or the checkpoint's: its state loaded into model, optimizer and step, missing epochs relogged."""
+    progress = Progress(mlflow_run_id=exp.tracker.run_id or "", config=config or {}, choices=choices or {})
+    if resume_from is None:
+        return progress
+    checkpoint.load(resume_from.values, exp.model, exp.optimizer, train_step.state())
+    progress = replace(resume_from.progress, mlflow_run_id=progress.mlflow_run_id,
+                       config=progress.config or resume_from.progress.config,
+                       choices=progress.choices or resume_from.progress.choices)
+    _relog_missing_epochs(exp, progress.history)
+    log.info("resumed from %s: epoch %d, %d batches done, optimizer step %d", resume_from.path, progress.epoch + 1,
+             progress.batches_done, _optimizer_step(exp.optimizer))
+    stop = exp.trainer.stop_after_epoch
+    if stop is not None and progress.epoch > stop:
+        log.warning("trainer.stop_after_epoch=%d but the checkpoint is already at the end of epoch %d: nothing to "
+                    "train", stop, progress.epoch)
+    return progress
+
+
+def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, checkpoints: _Checkpoints,
+                 stop: StopRequest, profiler: StepProfiler | None, start: float, run_dir: Path) -> float:
+    """Train the rest of epoch `progress.epoch`; return the LR of its last optimizer step (nan: none taken here).
+
+    Raises:
+        Interrupted: a signal arrived (checkpointed after the current optimizer step).
+        NonFiniteLoss: trainer.max_nonfinite non-finite losses in a row (the last good state checkpointed).
+    """
+    trainer, optimizer = exp.trainer, exp.optimizer
+    micro_batches = exp.steps_per_epoch * trainer.accumulation_steps
+    exp.model.set_train(True)
+    bar = tqdm(total=exp.steps_per_epoch, initial=progress.batches_done // trainer.accumulation_steps,
+               desc=f"epoch {progress.epoch + 1}/{trainer.epochs}", leave=False, dynamic_ncols=True,
+               disable=not (trainer.progress_bar and checkpoints.main_rank))
+    nonfinite_run, lr = 0, float("nan")
+    batches = exp.train_loader.epoch(progress.epoch, start_batch=progress.batches_done)
+    for images, targets in _limit(batches, micro_batches - progress.batches_done):
+        step_number = _optimizer_step(optimizer) + 1
+        if profiler:
+            profiler.before_step(step_number)
+        out = train_step(images, targets)
+        phases.mark("step")
+        progress.batches_done += 1
+        progress.losses.append(out.loss)
+        progress.seen += int(images.shape[0])
+        nonfinite_run = 0 if math.isfinite(out.loss) else nonfinite_run + 1
+        if not out.updated:
+            continue
+        if profiler:
+            profiler.after_step(step_number)
+        progress.overflow_steps += out.overflow
+        progress.loss_scale = out.loss_scale
+        # step = the optimizer step's place in the epochs (overflow skips count), so a resume logs no step twice
+        exp.tracker.log_step_metrics({
+            "step/train/loss": float(np.mean(progress.losses[-trainer.accumulation_steps:])),
+            "step/train/loss_scale": out.loss_scale, "step/train/overflow": float(out.overflow)},
+            step=progress.epoch * exp.steps_per_epoch + progress.batches_done // trainer.accumulation_steps)
+        if not out.overflow:
+            progress.grad_norms.append(out.grad_norm)
+        bar.update()
+        # the LR of the last optimizer step (an overflow-skipped step advances the schedule too)
+        lr = float(exp.lr_schedule[max(_optimizer_step(optimizer) - 1, 0)])
+        bar.set_postfix(loss=f"{out.loss:.4f}", lr=f"{lr:.2e}",
+                        img_s=f"{progress.seen / (time.perf_counter() - start):.1f}")
+        if nonfinite_run >= trainer.max_nonfinite:
+            progress.train_time_s = time.perf_counter() - start
+            checkpoints.save(progress)  # the updates of non-finite steps were skipped: these are the last good weights
+            raise _nonfinite_error(exp, progress, nonfinite_run, run_dir)
+        every = trainer.checkpoint.every_n_steps
+        mid_epoch_due = every and _optimizer_step(optimizer) % every == 0 and progress.batches_done < micro_batches
+        if stop.signum is not None or mid_epoch_due:
+            progress.train_time_s = time.perf_counter() - start
+            checkpoints.save(progress)
+            if stop.signum is not None:
+                raise Interrupted(stop.signum)
+    bar.close()
+    return lr
+
+
+def _nonfinite_error(exp: Experiment, progress: Progress, nonfinite_run: int, run_dir: Path) -> NonFiniteLoss:
+    return NonFiniteLoss(
+        f"the train loss was not finite for {nonfinite_run} micro-batches in a row (trainer.max_nonfinite="
+        f"{exp.trainer.max_nonfinite}), up to epoch {progress.epoch + 1}, batch {progress.batches_done}, optimizer "
+        f"step {_optimizer_step(exp.optimizer)} (amp {exp.amp.level}). The forward pass itself is not finite, which "
+        f"loss scaling cannot fix; the last good state is checkpointed in {run_dir / 'checkpoints'}. Try "
+        "amp=o1_manual or o0, a lower optimizer.lr, or trainer.clip_grad")
 
 
 def _optimizer_step(optimizer: nn.Optimizer) -> int:
