@@ -56,6 +56,10 @@ def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
     trainer: TrainerCfg = OmegaConf.to_object(cfg.trainer)  # typed by the base_trainer schema
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs} must be >= 1")
+    stop = trainer.stop_after_epoch
+    if stop is not None and not 1 <= stop <= trainer.epochs:
+        raise ConfigError(f"trainer.stop_after_epoch={stop} must be between 1 and trainer.epochs={trainer.epochs} "
+                          "(the epoch a screen stops after), or null to train all trainer.epochs")
     if trainer.accumulation_steps < 1:
         raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} must be >= 1 (1 = no accumulation)")
     if trainer.accumulate_on not in ACCUMULATE_ON:
@@ -179,12 +183,19 @@ def build_optimization(cfg: DictConfig, model: nn.Cell, steps_per_epoch: int,
     Returns:
         The optimizer, which indexes the schedule with its own step counter, and the schedule itself.
     """
-    trainer = trainer_cfg(cfg)
-    optimizer_cfg = node(cfg, "optimizer")
+    schedule = build_schedule(cfg, trainer_cfg(cfg), total_batch, steps_per_epoch)
+    return OPTIMIZERS.build({**node(cfg, "optimizer"), "lr": Tensor(schedule)}, model=model), schedule
+
+
+def build_schedule(cfg: DictConfig, trainer: TrainerCfg, total_batch: int, steps_per_epoch: int) -> np.ndarray:
+    """The LR of every optimizer step of all trainer.epochs (also when trainer.stop_after_epoch ends the run early).
+
+    Every LR of the schedule (warmup start, peak, floor) scales by total_batch / trainer.lr_batch_size alike, as in
+    the official Swin main.py.
+    """
     scale = lr_scale(total_batch, trainer.lr_batch_size)
-    schedule = scale * SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(optimizer_cfg["lr"]),
-                                        epochs=trainer.epochs, steps_per_epoch=steps_per_epoch)
-    return OPTIMIZERS.build({**optimizer_cfg, "lr": Tensor(schedule)}, model=model), schedule
+    return scale * SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(node(cfg, "optimizer")["lr"]),
+                                    epochs=trainer.epochs, steps_per_epoch=steps_per_epoch)
 
 
 def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experiment:

@@ -46,6 +46,7 @@ class ProfileCfg:
 @dataclass
 class TrainerCfg:
     epochs: int = 10                            # full passes over the train set; metrics are logged per epoch
+    stop_after_epoch: Optional[int] = None      # stop (FINISHED, resumable) after this epoch of the `epochs` schedule
     accumulation_steps: int = 1                 # micro-batches per optimizer step (gradients averaged over them)
     accumulate_on: str = "device"               # device | cpu: where accumulate/clear ops run (graph mode)
     clip_grad: Optional[float] = None           # bound on the unscaled, accumulated gradient's global L2 norm
@@ -90,7 +91,8 @@ def load_option(group_dir: Path, name: str) -> DictConfig:
 def register_resolvers() -> None:
     """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed;
     `${swinexp.help_groups:}`, the config groups `--help` lists; `${swinexp.slurm_node_rank:0}` and
-    `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default."""
+    `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default; `${swinexp.min:a,b}`, e.g. a
+    screen that stops at epoch 10 or at the end of a shorter run."""
     if not OmegaConf.has_resolver("swinexp.help_groups"):
         OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
     if not OmegaConf.has_resolver("swinexp.floordiv"):
@@ -100,6 +102,8 @@ def register_resolvers() -> None:
 
         OmegaConf.register_new_resolver("swinexp.slurm_node_rank", lambda default: slurm.node_rank(int(default)))
         OmegaConf.register_new_resolver("swinexp.slurm_master_addr", lambda default: slurm.master_addr(str(default)))
+    if not OmegaConf.has_resolver("swinexp.min"):
+        OmegaConf.register_new_resolver("swinexp.min", lambda a, b: min(int(a), int(b)))
 
 
 def register_schemas() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp import amp_report
+from swinexp import amp_report, recipe
 from swinexp.build import Experiment, build_experiment, build_model, build_tracker, check_config, hardware_cfg
 from swinexp.config import HardwareCfg
 from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
@@ -22,7 +22,7 @@ from swinexp.engine.resume import check_compatible, locate, remember_run_id, sav
 from swinexp.runtime import hardware, launch, phases
 from swinexp.runtime.interrupt import Interrupted
 from swinexp.saved_run import CLASSES_FILE
-from swinexp.tracking import NullTracker, Tracker, flatten
+from swinexp.tracking import STOPPED_TAG, NullTracker, Tracker, flatten
 from swinexp.tracking.dataset import split_records
 from swinexp.tracking.sweep import SweepInfo, override_key, sweep_of
 
@@ -30,6 +30,7 @@ log = logging.getLogger("swinexp")
 
 INFRASTRUCTURE = ("tracking", "hydra", "hardware.master_")  # overrides that say where a run goes, not what it is
 RUN_DIR_TAG = "swinexp.run_dir"
+RUN_STATE_KEYS = ("trainer.stop_after_epoch",)  # not params: a continuation changes them; the tag tells instead
 
 @dataclass(frozen=True)
 class JobInfo:
@@ -143,6 +144,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     hw = hardware_cfg(cfg)
     if cfg.dry_run:
         print(launch.dry_run_report(cfg, hw, job.relaunch_args(), job.run_dir))
+        print(recipe.describe(cfg, hw))
         return {}
     hardware.check_backend(hw)
     if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
@@ -194,7 +196,7 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         exp = build_experiment(cfg, tracker)
         config = OmegaConf.to_container(cfg, resolve=True)  # with the class count a folder dataset found
         if resume_from is None:  # a resumed run has its params and inputs already
-            tracker.log_params(flatten(config))
+            tracker.log_params({k: v for k, v in flatten(config).items() if k not in RUN_STATE_KEYS})
             log_data(tracker, exp, str(cfg.data.name), job.run_dir)
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         tracker.log_artifact(job.run_dir / "config.yaml")
@@ -203,6 +205,8 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         jit = hw.mode == "graph"
         history = ([evaluate_only(exp, jit)] if exp.trainer.eval_only
                    else fit(exp, job.run_dir, jit, resume_from, config, job.choices))
+        stopped = not exp.trainer.eval_only and len(history) < exp.trainer.epochs
+        tracker.set_tags({STOPPED_TAG: str(len(history)) if stopped else None})
     except (Interrupted, KeyboardInterrupt):
         log_checkpoint_artifacts(tracker, job.run_dir, finished=False)
         tracker.close("KILLED")

@@ -18,8 +18,9 @@ log = logging.getLogger("swinexp")
 PROGRESS_KEY = "progress"      # meta key of the JSON progress record in a checkpoint
 NOT_COMPARED_GROUPS = ("hydra", "tracking")  # where a run is logged and launched, not what it trains
 RUN_ID_FILE = "mlflow_run_id"  # in the run dir: the run a restart reopens, even before the first checkpoint
-# may differ between a run and its resumption without a warning
-NOT_COMPARED = ("trainer.resume", "trainer.resume_force", "debug.phase_file", "debug.park_at")
+# may differ between a run and its resumption without a warning (a screen is continued with a later stop)
+NOT_COMPARED = ("trainer.resume", "trainer.resume_force", "trainer.stop_after_epoch", "debug.phase_file",
+                "debug.park_at")
 
 
 @dataclass

@@ -39,6 +39,8 @@ CONTINUES_RUN = "swinexp.continues_run"  # a fallback run holding the rest of th
 SYNCED_TO = "swinexp.synced_to"          # set on a fallback run once replayed: the id of its copy in the target
 SYNCED_FROM = "swinexp.synced_from"      # set on the copy: the id of the fallback run it was replayed from
 FAILURE_TAG = "swinexp.failure"          # why a run ended FAILED: "<exception type>: <message>"
+STOPPED_TAG = "stopped_after_epoch"      # on a run trainer.stop_after_epoch=N ended early (a screen), value N;
+                                         # removed when a continuation reaches trainer.epochs
 
 
 class Tracker(Protocol):
@@ -48,9 +50,9 @@ class Tracker(Protocol):
     def start(self, run_name: str, tags: Mapping[str, str], run_id: str | None = None) -> str | None: ...
     def logged_steps(self, key: str) -> set[int]: ...
     def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def set_tags(self, tags: Mapping[str, str | None]) -> None: ...
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
-    def set_tags(self, tags: Mapping[str, str]) -> None: ...
     def set_status(self, status: str) -> None: ...  # RUNNING, FAILED, ... while the run stays open
     def close(self, status: str = "FINISHED", reason: str | None = None) -> None: ...
     # called every optimizer step; the tracker keeps every n-th and skips steps a resumed run already holds
@@ -73,13 +75,13 @@ class NullTracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         pass
 
+    def set_tags(self, tags: Mapping[str, str | None]) -> None:
+        pass
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         pass
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        pass
-
-    def set_tags(self, tags: Mapping[str, str]) -> None:
         pass
 
     def set_status(self, status: str) -> None:
@@ -349,6 +351,21 @@ class MlflowTracker:
             batch = items[i:i + 100]
             self._call(lambda batch=batch: self.client.log_batch(self._store_run_id, params=batch))
 
+    def set_tags(self, tags: Mapping[str, str | None]) -> None:
+        """Set tags on the open run; a None value removes that tag if the run has it."""
+        from mlflow.entities import RunTag
+
+        self._tags = {**{k: v for k, v in self._tags.items() if k not in tags},
+                      **{k: v for k, v in tags.items() if v is not None}}
+        batch = [RunTag(k, str(v)[:MAX_PARAM_CHARS]) for k, v in tags.items() if v is not None]
+        if batch:
+            self._call(lambda: self.client.log_batch(self._store_run_id, tags=batch))
+        removed = [k for k, v in tags.items() if v is None]
+        if removed:
+            present = self._call(lambda: self.client.get_run(self._store_run_id)).data.tags
+            for key in (k for k in removed if k in present):
+                self._call(lambda key=key: self.client.delete_tag(self._store_run_id, key))
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
@@ -376,13 +393,6 @@ class MlflowTracker:
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._call(lambda: self.client.log_artifact(self._store_run_id, str(path), artifact_path))
-
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        from mlflow.entities import RunTag
-
-        self._tags.update(tags)
-        batch = [RunTag(k, str(v)[:MAX_PARAM_CHARS]) for k, v in tags.items()]
-        self._call(lambda: self.client.log_batch(self._store_run_id, tags=batch))
 
     def set_status(self, status: str) -> None:
         self._call(lambda: self.client.update_run(self._store_run_id, status=status))
