@@ -28,13 +28,13 @@ TRAIN = [o for o in SMOKE if o != "tracking=none"] + [
 SERIES = ("train/loss", "train/grad_norm", "lr", "val/loss", "val/top1", "val/top5")
 
 
-def _command(run_dir: Path, data_root: Path, db: Path) -> list[str]:
+def _command(run_dir: Path, data_root: Path, db: Path, *extra: str) -> list[str]:
     return [sys.executable, str(ROOT / "run.py"), *TRAIN, f"data.root={data_root}", "tracking=mlflow",
-            f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={run_dir}"]
+            f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={run_dir}", *extra]
 
 
-def _train(run_dir: Path, data_root: Path, db: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(_command(run_dir, data_root, db), capture_output=True, text=True, timeout=900,
+def _train(run_dir: Path, data_root: Path, db: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(run_dir, data_root, db, *extra), capture_output=True, text=True, timeout=900,
                           cwd=run_dir.parent)
 
 
@@ -124,3 +124,28 @@ def test_sigterm_checkpoints_mid_epoch_marks_killed_and_resumes(uninterrupted: t
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"epoch 1, {saved.batches_done} batches done" in out.stdout + out.stderr
     _assert_same_as(uninterrupted, run_dir, db)
+
+
+def test_screen_stops_after_epoch_then_continues_bit_identical_in_the_same_run(uninterrupted: tuple[Path, Path],
+                                                                               tmp_path: Path) -> None:
+    run_dir, db = tmp_path / "run", tmp_path / "mlflow.db"
+    data_root = uninterrupted[0].parent / "data"  # the reference's images: the same files, generated once
+    out = _train(run_dir, data_root, db, "trainer.stop_after_epoch=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{db}")
+    screen = client.get_run(_run_id(run_dir))
+    assert screen.info.status == "FINISHED" and screen.data.tags["stopped_after_epoch"] == "1"
+    assert screen.data.params["trainer.epochs"] == str(EPOCHS)  # the full schedule, not the stop
+    assert "trainer.stop_after_epoch" not in screen.data.params  # a continuation changes it: the tag says it
+    assert [m.step for m in client.get_metric_history(screen.info.run_id, "val/top1")] == [1]
+    ref_lr = _metrics(uninterrupted[1], _run_id(uninterrupted[0]))["lr"]
+    assert client.get_metric_history(screen.info.run_id, "lr")[0].value == ref_lr[0][1]  # epoch 1 of the full LR
+
+    out = _train(run_dir, data_root, db, "trainer.stop_after_epoch=null")
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = out.stdout + out.stderr
+    assert "resumed from" in logged and "settings that differ" not in logged, logged[-3000:]
+    runs = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    assert [r.info.run_id for r in runs] == [screen.info.run_id] and runs[0].info.status == "FINISHED"
+    assert "stopped_after_epoch" not in runs[0].data.tags  # it ran to trainer.epochs: no longer a screen
+    _assert_same_as(uninterrupted, run_dir, db)  # weights, optimizer state, every metric once per epoch
