@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -14,7 +15,7 @@ from typing import Sequence
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from swinexp.tracking import resolve_uri
+from swinexp.tracking import STOPPED_TAG, resolve_uri
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,23 @@ def without_seed(name: str) -> str:
     return " ".join(part for part in name.split() if not part.startswith("seed=")) or "(seed only)"
 
 
+def run_status(run: Run) -> str:
+    """MLflow's status, or 'screen @N' for a run that trainer.stop_after_epoch=N ended (FINISHED, resumable)."""
+    stopped = run.data.tags.get(STOPPED_TAG)
+    return f"screen @{stopped}" if stopped and run.info.status == "FINISHED" else run.info.status
+
+
+def missing_at_epoch(client: MlflowClient, runs: list[Run], metric: str, epoch: int) -> list[str]:
+    """One line per run without a `metric` value at `epoch`, saying where its curve ends."""
+    lines = []
+    for run in runs:
+        curve = history(client, run, metric)
+        if epoch not in curve:
+            last = f"its last is at epoch {max(curve)}" if curve else "it has none"
+            lines.append(f"{run.info.run_name} ({run_status(run)}): no {metric} at epoch {epoch}, {last}")
+    return lines
+
+
 def build_rows(client: MlflowClient, runs: list[Run], metric: str, epoch: int) -> list[Row]:
     """Group runs by their name without `seed=...` and summarise each group."""
     groups: dict[str, list[Run]] = {}
@@ -69,7 +87,7 @@ def build_rows(client: MlflowClient, runs: list[Run], metric: str, epoch: int) -
         curves = [history(client, r, metric) for r in members]
         step_times = [v for r in members for v in history(client, r, "epoch_time_s").values()]
         speeds = [v for r in members for v in history(client, r, "train/images_per_s").values()]
-        statuses = sorted({r.info.status for r in members})
+        statuses = sorted({run_status(r) for r in members})
         rows.append(Row(
             name=name if len(members) == 1 else f"{name} (seeds: {len(members)})",
             runs=len(members),
@@ -149,14 +167,21 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--out", type=Path, default=None, help="default: report/<parent run id>")
     args = parser.parse_args(argv)
 
-    client = MlflowClient(resolve_uri(args.tracking_uri, Path.cwd()))
+    uri = resolve_uri(args.tracking_uri, Path.cwd())
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():  # MLflow would create it empty
+        raise SystemExit(f"no MLflow store at {uri}: run the report from the directory the runs were started in, or "
+                         "name the store with --tracking-uri (e.g. sqlite:///path/to/mlflow.db or http://host:5000)")
+    client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(args.experiment)
     if experiment is None:
-        raise SystemExit(f"experiment '{args.experiment}' not found at {client.tracking_uri}; pass --experiment")
+        raise SystemExit(f"experiment '{args.experiment}' not found at {client.tracking_uri}; pass --experiment, or "
+                         "--tracking-uri for another store")
     parent = find_parent(client, experiment.experiment_id, args.sweep)
     runs = children(client, experiment.experiment_id, parent.info.run_id)
     if not runs:
         raise SystemExit(f"sweep {parent.info.run_id} ({parent.info.run_name}) has no child runs")
+    for line in missing_at_epoch(client, runs, args.metric, args.epoch):
+        print(f"warning: {line}; its row shows — at epoch {args.epoch}", file=sys.stderr)
     rows = build_rows(client, runs, args.metric, args.epoch)
     table = markdown(rows, args.metric, args.epoch)
     out = args.out or Path("report") / parent.info.run_id
@@ -166,7 +191,12 @@ def main(argv: Sequence[str] | None = None) -> str:
     plot(client, runs, args.metric, args.epoch, parent.info.run_name, out / "curves.png")
     for name in ("report.md", "report.csv", "curves.png"):
         client.log_artifact(parent.info.run_id, str(out / name), artifact_path="report")
-    print(f"{parent.info.run_name}  ({len(runs)} runs, parent {parent.info.run_id})\n\n{table}\nwritten to {out}/")
+    screens = [r.info.run_name for r in runs if run_status(r).startswith("screen")]
+    finished = [r.info.run_name for r in runs if run_status(r) == "FINISHED"]
+    kinds = (f"screens (stopped early; continue with trainer.stop_after_epoch=null): {', '.join(screens) or 'none'}\n"
+             f"finished (all trainer.epochs): {', '.join(finished) or 'none'}\n")
+    print(f"{parent.info.run_name}  ({len(runs)} runs, parent {parent.info.run_id})\n\n{table}\n{kinds}"
+          f"written to {out}/")
     if url := runs_page_url(client.tracking_uri, experiment.experiment_id):
         print(f"runs page: {url}  (expand the row '{parent.info.run_name}' to see its runs)")
     return table

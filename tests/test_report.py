@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from PIL import Image
@@ -50,3 +51,27 @@ def test_report_latest_picks_the_newest_sweep(tmp_path: Path) -> None:
     _child(client, exp, new, 0, "lr=2", [2.0, 3.0])
     table = main(["--tracking-uri", uri, "--epoch", "2", "--out", str(tmp_path / "out")])
     assert "| lr=2 | 3.00 | 3.00 | 3.00 |" in table and "lr=1" not in table
+
+
+def test_report_marks_screens_and_warns_about_runs_without_the_epoch(tmp_path: Path, capsys) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("swinexp")
+    parent = client.create_run(exp, run_name="sweep amp=o0,o2", tags={"sweep.role": "parent"}).info.run_id
+    _child(client, exp, parent, 0, "amp=o0", [10.0, 20.0, 30.0])
+    _child(client, exp, parent, 1, "amp=o2", [11.0])  # a screen stopped after epoch 1
+    client.set_tag(client.search_runs([exp], "attributes.run_name = 'amp=o2'")[0].info.run_id,
+                   "stopped_after_epoch", "1")
+    table = main(["--tracking-uri", uri, "--epoch", "3", "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert "| amp=o2 | — | 11.00 | 11.00 | 3.0 | — | screen @1 |" in table
+    assert "| amp=o0 | 30.00 | 30.00 | 30.00 | 2.0 | — | FINISHED |" in table
+    assert "amp=o2 (screen @1): no val/top1 at epoch 3, its last is at epoch 1" in err and "amp=o0" not in err
+    assert "screens (stopped early; continue with trainer.stop_after_epoch=null): amp=o2" in out
+    assert "finished (all trainer.epochs): amp=o0" in out
+
+
+def test_report_without_a_store_names_tracking_uri_and_creates_nothing(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--tracking-uri"):
+        main(["--out", str(tmp_path / "out")])  # the cwd (tmp_path, see conftest) holds no mlflow.db
+    assert not (tmp_path / "mlflow.db").exists()
