@@ -1,0 +1,77 @@
+"""Every `python run.py ...` example in README.md composes as written (the `--cfg job` of it, through Hydra's compose
+API), names the data it needs, and builds a model that fits that data."""
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from hydra import compose as compose_cfg
+from hydra import initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from swinexp.build import node, trainer_cfg
+from swinexp.models.swin import SWIN_VARIANTS, _resolution_problem
+from swinexp.runtime import hardware
+from tests.conftest import CONF_DIR, ROOT
+
+README = ROOT / "README.md"
+PLACEHOLDER = re.compile(r"<[^>]*>|\[[^\]]*\]")  # `<same overrides>`, `[overrides]`: a template, not an example
+FLAGS = {"-m", "--multirun"}  # everything else after run.py must be an override
+
+
+def readme_commands() -> list[str]:
+    """The `python run.py` lines of the bash blocks (continuations joined, comments cut) and inline `code`."""
+    text = README.read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.split(" #")[0].strip()
+            if line.startswith("python run.py"):
+                commands.append(line)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    commands += [" ".join(c.split()) for c in re.findall(r"`(python run\.py[^`]*)`", prose)]
+    return [c for c in dict.fromkeys(commands) if not PLACEHOLDER.search(c)]
+
+
+def _jobs(args: list[str]) -> list[list[str]]:
+    """The override lists of the jobs a command runs: one, or one per combination of a sweep's values."""
+    overrides = [a for a in args if a not in FLAGS]
+    if FLAGS & set(args):
+        return _split(overrides)
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        hydra_cfg = compose_cfg("config", overrides=overrides, return_hydra_config=True).hydra
+    if hydra_cfg.mode != "MULTIRUN":  # a named sweep (+sweep=X) sets it, with its values in sweeper.params
+        return [overrides]
+    given = {o.split("=")[0] for o in overrides}
+    return _split([f"{k}={v}" for k, v in hydra_cfg.sweeper.params.items() if k not in given] + overrides)
+
+
+def _split(overrides: list[str]) -> list[list[str]]:
+    (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), max_batch_size=None)
+    return [list(job) for job in jobs]
+
+
+def test_the_readme_has_the_examples_this_test_is_about() -> None:
+    commands = readme_commands()
+    assert len(commands) >= 20
+    assert "python run.py experiment=swin_tiny_in1k hardware=ascend8 data.root=/data/imagenet" in commands
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_readme_command_composes_and_its_model_fits_its_data(command: str) -> None:
+    args = shlex.split(command)[2:]
+    if args == ["--help"]:
+        return
+    for job in _jobs(args):
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            cfg = compose_cfg("config", overrides=job)
+        trainer_cfg(cfg)  # trainer keys valid (epochs, stop_after_epoch, ...)
+        hardware.validate(OmegaConf.to_object(cfg.hardware))
+        data, model = node(cfg, "data"), node(cfg, "model")  # a `???` data.root fails here, naming the key
+        assert data.get("root") is not None or data["name"] == "synthetic", f"{command}: needs data.root"
+        arch = {**SWIN_VARIANTS.get(model["name"], {}), **model}
+        problem = _resolution_problem(arch["img_size"], arch["patch_size"], arch["window_size"], len(arch["depths"]))
+        assert problem is None, f"{command}: model {model['name']} at data.img_size={data['img_size']}: {problem}"
