@@ -170,3 +170,30 @@ def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path)
     runs = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
     assert {r.info.run_name: r.info.status for r in runs} == {"sweep seed=1,2": "KILLED", "seed=1": "KILLED"}, stderr
     assert not (tmp_path / "multirun" / "1").exists()  # the sweep stopped: the second job never started
+
+
+def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_path: Path) -> None:
+    uri, sweep_dir = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "multirun"
+    # amp=o0 on the command line replaces the sweep's three values: one job; stopped after epoch 1 of 2
+    out = _run("+sweep=amp_ablation", "amp=o0", *_smoke(tmp_path / "data"), "trainer.stop_after_epoch=1",
+               "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0"]  # the job did not sweep again
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("swinexp").experiment_id
+    (child,) = client.search_runs([experiment], "tags.`sweep.job` = '0'")
+    assert child.info.status == "FINISHED" and child.data.tags["stopped_after_epoch"] == "1"
+    assert [m.step for m in client.get_metric_history(child.info.run_id, "val/top1")] == [1]
+
+    # the command the sweep files give: the job's overrides + stop null, hydra.mode=RUN, its run dir
+    job_dir = sweep_dir / "0"
+    overrides = [str(o) for o in yaml.safe_load((job_dir / "overrides.yaml").read_text())]
+    assert "+sweep=amp_ablation" in overrides and "amp=o0" in overrides
+    out = _run(*overrides, "trainer.stop_after_epoch=null", "hydra.mode=RUN", f"hydra.run.dir={job_dir}",
+               cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = client.search_runs([experiment])
+    assert len(runs) == 2  # the parent and the one child, continued in place
+    continued = client.get_run(child.info.run_id)
+    assert continued.info.status == "FINISHED" and "stopped_after_epoch" not in continued.data.tags
+    assert [m.step for m in client.get_metric_history(child.info.run_id, "val/top1")] == [1, 2]
