@@ -98,6 +98,14 @@ def build_rows(client: MlflowClient, runs: list[Run], metric: str, epoch: int) -
     return rows
 
 
+def local_store_path(uri: str) -> Path | None:
+    """The file (sqlite) or folder (file store) of a local tracking store; None for a server."""
+    for scheme in ("sqlite:///", "file://"):
+        if uri.startswith(scheme):
+            return Path(uri[len(scheme):])
+    return None
+
+
 def fmt(values: Sequence[float]) -> str:
     """'81.20' for one value, '81.20 ± 0.31' (sample std) for several, '—' for none."""
     if not values:
@@ -168,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     args = parser.parse_args(argv)
 
     uri = resolve_uri(args.tracking_uri, Path.cwd())
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():  # MLflow would create it empty
+    local = local_store_path(uri)
+    if local is not None and not local.exists():  # MLflow would create an empty store there
         raise SystemExit(f"no MLflow store at {uri}: run the report from the directory the runs were started in, or "
                          "name the store with --tracking-uri (e.g. sqlite:///path/to/mlflow.db or http://host:5000)")
     client = MlflowClient(uri)
