@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from swinexp.build import node, trainer_cfg
-from swinexp.models.swin import SWIN_VARIANTS, _resolution_problem
+from swinexp.models.swin import _resolution_problem
 from swinexp.runtime import hardware
 from tests.conftest import CONF_DIR, ROOT
 
@@ -72,6 +72,6 @@ def test_readme_command_composes_and_its_model_fits_its_data(command: str) -> No
         hardware.validate(OmegaConf.to_object(cfg.hardware))
         data, model = node(cfg, "data"), node(cfg, "model")  # a `???` data.root fails here, naming the key
         assert data.get("root") is not None or data["name"] == "synthetic", f"{command}: needs data.root"
-        arch = {**SWIN_VARIANTS.get(model["name"], {}), **model}
-        problem = _resolution_problem(arch["img_size"], arch["patch_size"], arch["window_size"], len(arch["depths"]))
+        problem = _resolution_problem(model["img_size"], model["patch_size"], model["window_size"],
+                                      len(model["depths"]))
         assert problem is None, f"{command}: model {model['name']} at data.img_size={data['img_size']}: {problem}"
