@@ -1,4 +1,4 @@
-"""The training recipe a config amounts to, in numbers (printed by `+dry_run=true`): model, data, total batch, the
+"""The training recipe a config amounts to, in numbers (printed by `dry_run=true`): model, data, total batch, the
 scaled LR schedule over all trainer.epochs and where trainer.stop_after_epoch cuts it. Builds no model."""
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def test_a_screen_logs_the_lr_of_the_full_schedule_not_a_squeezed_one(compose: C
 @pytest.mark.slow
 def test_dry_run_of_the_preset_prints_the_full_recipe(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "run.py"), "experiment=swin_tiny_in1k",
-                          f"data.root={_folder(tmp_path / 'in1k')}", "data.num_classes=2", "+dry_run=true"],
+                          f"data.root={_folder(tmp_path / 'in1k')}", "data.num_classes=2", "dry_run=true"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     for line in ("model: swin_tiny, 224 px, 2 classes, drop_path_rate 0.2",
