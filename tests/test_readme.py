@@ -18,7 +18,7 @@ from swinexp.runtime import hardware
 from tests.conftest import CONF_DIR, ROOT
 
 README = ROOT / "README.md"
-PLACEHOLDER = re.compile(r"<[^>]*>|\[[^\]]*\]")  # `<same overrides>`, `[overrides]`: a template, not an example
+PLACEHOLDER = re.compile(r"<[^>]*>|\[[^\]]*\]|\.\.\.")  # `<same overrides>`, `[overrides]`, `...`: a template
 FLAGS = {"-m", "--multirun"}  # everything else after run.py must be an override
 
 
