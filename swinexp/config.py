@@ -59,7 +59,7 @@ class TrainerCfg:
     eval_only: bool = False                     # only evaluate (e.g. model.pretrained=...), logged at step 0
     amp_report: bool = True                     # log the per-cell dtype table and fp32 drift report as artifacts
     deterministic: bool = False                 # bit-repeatable runs: deterministic kernels where the backend has them
-    resume: Optional[str] = "auto"              # auto: from <run dir>/checkpoints if any | PATH (file or run dir) | null
+    resume: Optional[str] = "auto"              # auto: <run dir>/checkpoints if any | PATH (file or run dir) | null
     resume_force: bool = False                  # resume even if the config group choices differ from the checkpoint's
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     max_nonfinite: int = 3                      # consecutive non-finite losses that stop the run (checkpointed)

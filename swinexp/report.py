@@ -8,9 +8,9 @@ import argparse
 import csv
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -36,8 +36,8 @@ def find_parent(client: MlflowClient, experiment_id: str, sweep: str) -> Run:
     """The parent run of `sweep` (a run id), or the newest sweep parent for 'latest'."""
     if sweep != "latest":
         return client.get_run(sweep)
-    parents = client.search_runs([experiment_id], "tags.`sweep.role` = 'parent'", order_by=["attributes.start_time DESC"],
-                                 max_results=1)
+    parents = client.search_runs([experiment_id], "tags.`sweep.role` = 'parent'",
+                                 order_by=["attributes.start_time DESC"], max_results=1)
     if not parents:
         raise SystemExit(f"no sweep found in experiment {experiment_id}; run one with `python run.py -m KEY=a,b`")
     return parents[0]

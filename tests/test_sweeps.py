@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 import yaml
@@ -55,9 +56,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             try:
                 urllib.request.urlopen(f"{uri}/health", timeout=1).close()
                 break
-            except OSError:
+            except OSError as err:
                 if proc.poll() is not None:
-                    raise RuntimeError((root / "server.log").read_text()[-2000:])
+                    raise RuntimeError((root / "server.log").read_text()[-2000:]) from err
                 time.sleep(0.5)
         else:
             raise RuntimeError("mlflow server did not answer /health in 180 s")
@@ -73,7 +74,8 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _smoke(data_root: Path) -> list[str]:
-    return [o for o in SMOKE if not o.startswith(("tracking=", "amp="))] + [f"data.root={data_root}", "trainer.epochs=2"]
+    kept = [o for o in SMOKE if not o.startswith(("tracking=", "amp="))]
+    return [*kept, f"data.root={data_root}", "trainer.epochs=2"]
 
 
 def test_every_sweep_file_is_known() -> None:

@@ -228,7 +228,8 @@ class IsolatedLauncher(Launcher):
         return ret
 
     def _command(self, overrides: list[str], job_dir: Path) -> list[str]:
-        """`python -m swinexp` (run as a file) with the sweep's config source, search path and hydra overrides, then the job's own."""
+        """`python -m swinexp` (run as a file) with the sweep's config source, search path and hydra overrides, then
+        the job's own."""
         assert self.config is not None
         from swinexp.runtime.launch import entry_script
 
