@@ -35,11 +35,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from swinexp.runtime.devices import DevicePool, Slot, devices_per_job, host_devices
+from swinexp.tracking.sweep import JOB_NUM_ENV, RESULT_FILE
 
 log = logging.getLogger(__name__)
 
-JOB_NUM_ENV = "SWINEXP_SWEEP_JOB_NUM"
-RESULT_FILE = "metrics.json"  # written by each job into its run dir; holds the value a sweeper optimizes
 JOB_RECORD_FILE = "launcher.json"  # per job: pid, devices, the affinity the process had, start/end times
 JOB_OUTPUT_FILE = "job.out"  # with max_parallel > 1: the job's stdout and stderr (not interleaved with the others)
 POLL_S = 0.2

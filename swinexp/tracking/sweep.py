@@ -30,6 +30,7 @@ log = logging.getLogger("swinexp")
 PARENT_RUN_ENV = "SWINEXP_SWEEP_PARENT_RUN_ID"
 SWEEP_KEYS_ENV = "SWINEXP_SWEEP_KEYS"
 JOB_NUM_ENV = "SWINEXP_SWEEP_JOB_NUM"  # set by the isolated launcher for the job process it starts
+RESULT_FILE = "metrics.json"  # a job's final metrics in its run dir; the launcher reads the optimized metric there
 
 
 @dataclass(frozen=True)
