@@ -86,7 +86,8 @@ def test_multinode_dry_run_in_slurm_prints_each_nodes_msrun_command(
     for rank, line in enumerate((node0, node1)):
         assert f"--worker_num=16 --local_worker_num=8 --master_addr=ascend07 --master_port=8118 --node_rank={rank}" \
             in line
-        assert line.endswith(f"{ROOT / 'run.py'} hardware=ascend8x2 hydra.run.dir={tmp_path}")  # not sys.argv[0]
+        # the package's own entry, whatever sys.argv[0] is (another launcher's, or a wheel without run.py)
+        assert line.endswith(f"{ROOT / 'swinexp' / '__main__.py'} hardware=ascend8x2 hydra.run.dir={tmp_path}")
     assert "node 1 (this node)" in report and "SLURM_NODEID=1" in report
     given = compose("hardware=ascend8x2", "hardware.node_rank=0", "hardware.master_addr=10.0.0.1")
     assert (given.hardware.node_rank, given.hardware.master_addr) == (0, "10.0.0.1")  # the command line wins

@@ -115,7 +115,8 @@ def _tensors(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _metric_points(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    keys = client.get_run(run_id).data.metrics
+    # system/* are samples of the machine (CPU, memory), taken by time: no two runs share them, killed or not
+    keys = [key for key in client.get_run(run_id).data.metrics if not key.startswith("system/")]
     return {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in keys}
 
 
