@@ -49,15 +49,71 @@ def test_step_prints_one_row_per_variant(capsys: pytest.CaptureFixture[str]) -> 
     assert "model.qkv=split" in rows[1][1]
 
 
-def test_peers_compares_swinexp_with_a_micro_mindcv_swin(capsys: pytest.CaptureFixture[str]) -> None:
+def test_peers_compares_swinexp_with_a_micro_mindcv_swin(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("mindcv")
+    monkeypatch.setattr(peers, "reference_installed", lambda: False)  # without torch/timm: no timm row, a hint
     assert main(["peers", *MICRO]) == 0
     out = capsys.readouterr()
     ((header, rows),) = tables(out.out)
     assert [r[0] for r in rows] == [peers.MINDCV, peers.SWINEXP]
+    assert "pip install -e '.[reference]'" in out.err
     for row in rows:
         assert all(v > 0 for v in numbers(header, row, ("median (ms)", "min (ms)", "max (ms)", "images/s")))
     assert re.search(r"swinexp / MindCV step time: \d+\.\d+", out.out)
+
+
+def test_peers_times_timm_in_a_process_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    from swinexp.bench.timm_peer import reference_installed
+
+    pytest.importorskip("mindcv")
+    if not reference_installed():
+        pytest.skip("the reference extra (torch, timm) is not installed")
+    assert main(["peers", *MICRO]) == 0
+    out = capsys.readouterr().out
+    ((header, rows),) = tables(out)
+    assert [r[0] for r in rows] == [peers.MINDCV, peers.SWINEXP, peers.TIMM]
+    timm_row = rows[2]
+    assert all(v > 0 for v in numbers(header, timm_row, ("median (ms)", "min (ms)", "images/s")))
+    assert timm_row[header.index("ratio to timm (median)")] == "1.000"
+    assert "PyTorch" in timm_row[1] and re.search(r"swinexp / timm step time: \d+\.\d+", out)
+
+
+def test_peers_table_divides_by_mindcv_and_by_timm() -> None:
+    pytest.importorskip("mindcv")
+    from swinexp.bench.harness import compose
+    from swinexp.bench.timing import Samples, Timing
+    from swinexp.bench.timm_peer import TimmTiming
+
+    timings = {peers.MINDCV: Timing(9.0, Samples((3.0, 3.0)), 0.0),
+               peers.SWINEXP: Timing(8.0, Samples((2.0, 2.0)), 0.0)}
+    timm_runs = [TimmTiming(0.5, (1.0, 0.5), 3.0, 2, "t", "m"), TimmTiming(0.7, (1.5, 1.0), 3.5, 2, "t", "m")]
+    cfg = compose(["model=swin_micro", "tracking=none"])
+    result = peers.peers_table(timings, cfg, 10**9, Options(), timm_runs)
+    columns = result.table.columns
+    to_mindcv = {r[0]: r[columns.index("ratio to MindCV (median)")] for r in result.table.rows}
+    to_timm = {r[0]: r[columns.index("ratio to timm (median)")] for r in result.table.rows}
+    assert to_mindcv == {peers.MINDCV: "1.000", peers.SWINEXP: "0.667", peers.TIMM: "0.333"}
+    assert to_timm == {peers.MINDCV: "3.000", peers.SWINEXP: "2.000", peers.TIMM: "1.000"}  # timm median of 4 steps
+    assert result.metrics["peers/ratio_swinexp_over_timm"] == 2.0
+    assert result.metrics["peers/timm/peak_rss_gb"] == 3.5
+    without = peers.peers_table(timings, cfg, 10**9, Options())
+    assert [r[0] for r in without.table.rows] == [peers.MINDCV, peers.SWINEXP]
+    assert {r[columns.index("ratio to timm (median)")] for r in without.table.rows} == {"-"}
+
+
+def test_memory_measures_each_peer_in_a_fresh_process(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mindcv")
+    from swinexp.bench.timm_peer import reference_installed
+
+    assert main(["memory", *MICRO]) == 0
+    ((header, rows),) = tables(capsys.readouterr().out)
+    expected = [peers.SWINEXP, peers.MINDCV] + ([peers.TIMM] if reference_installed() else [])
+    assert [r[0] for r in rows] == expected
+    for row in rows[:2]:  # MindSpore processes: RSS grows from model build to the peak of three steps
+        built, peak = numbers(header, row, ("after build (GiB)", "peak RSS (GiB)"))
+        assert 0.1 < built < peak
+    assert rows[1][header.index("ratio to MindCV")] == "1.00"
 
 
 def test_mindcv_peer_of_swin_tiny_is_mindcvs_swin_tiny() -> None:

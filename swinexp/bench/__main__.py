@@ -1,6 +1,7 @@
-"""`python -m swinexp.bench [step] [peers] [data] [overhead] [key=value ...] [options]`: print benchmark tables.
+"""`python -m swinexp.bench [step] [peers] [memory] [data] [overhead] [chaos] [key=value ...]`: benchmark tables.
 
     python -m swinexp.bench step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
+    python -m swinexp.bench memory                             # peak RSS at batch 16: swinexp, MindCV, timm
     python -m swinexp.bench step --model swin_micro --batch 8 --img-size 64 --iters 5 --warmup 2
     python -m swinexp.bench step optimizer.lr=1e-4 --variants baseline "all three" "model.qkv=split amp=o2"
     python -m swinexp.bench step --max-resident 3              # hosts that cannot hold all compiled variants
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from swinexp.bench import chaos, data, overhead, peers, step
+from swinexp.bench import chaos, data, memory, overhead, peers, step
 from swinexp.bench.harness import compose, quiet_cell_teardown, release_compiled
 from swinexp.bench.host import NotEnoughMemory
 from swinexp.bench.options import Options
@@ -32,7 +33,8 @@ from swinexp.registry import ConfigError
 from swinexp.runtime import hardware
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
-    "step": step.run, "peers": peers.run, "data": data.run, "overhead": overhead.run, "chaos": chaos.run}
+    "step": step.run, "peers": peers.run, "memory": memory.run, "data": data.run, "overhead": overhead.run,
+    "chaos": chaos.run}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"sub-benchmarks ({', '.join(BENCHMARKS)}; default: step) and Hydra overrides applied "
                              "to every variant (key=value, +group=option)")
     parser.add_argument("--model", help="conf/model option (default: swin_tiny for step/peers, run.py's for overhead)")
-    parser.add_argument("--batch", type=int, help="data.batch_size (default: 4 for step/peers, 64 for data)")
+    parser.add_argument("--batch", type=int, help="data.batch_size (default: 4 for step/peers, 16 for memory, 64 "
+                                                           "for data)")
     parser.add_argument("--img-size", type=int, help="data.img_size (default: 224 for step/peers/data)")
     parser.add_argument("--num-classes", type=int, default=1000, help="head classes for step/peers (default: 1000)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per candidate (default: 5)")

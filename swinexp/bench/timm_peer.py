@@ -1,0 +1,145 @@
+"""The PyTorch peer of `peers` and `memory`: timm's SwinTransformer train step, in a process of its own.
+
+    python -m swinexp.bench.timm_peer '<settings as JSON>'      # prints one JSON line (see `measure`)
+
+torch and MindSpore never share a process here (their thread pools and allocators would meet, and the peak
+memory would mix). The step is what the official `main.py` does in fp32: forward, timm's soft-target cross
+entropy, backward, clip_grad_norm_ when the config clips, AdamW over main.py's two weight-decay groups. Needs the
+`reference` extra; this module imports neither MindSpore nor the rest of swinexp's heavy parts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TimmSettings", "TimmTiming", "measure", "reference_installed", "run_in_process"]
+
+TIMEOUT_S = 1800
+
+
+def reference_installed() -> bool:
+    """torch and timm importable (the `reference` extra)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "timm"))
+
+
+@dataclass(frozen=True)
+class TimmSettings:
+    """What the peer process needs: plain numbers, so the parent can pass them as JSON.
+
+    Attributes:
+        arch: The swinexp model config's architecture (img_size, embed_dim, depths, ..., drop_path_rate).
+        warmup: Untimed steps after the first; iters: timed steps after those.
+    """
+
+    arch: dict[str, Any]
+    batch: int
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    eps: float
+    clip_grad: float | None
+    seed: int
+    warmup: int
+    iters: int
+
+
+@dataclass(frozen=True)
+class TimmTiming:
+    """One peer process's figures.
+
+    Attributes:
+        first_s: The first step (eager: no compilation; allocator and kernel selection warm-up).
+        seconds: The timed steps after warm-up.
+        peak_rss_gb: Peak resident memory of the process (getrusage ru_maxrss) after all its steps.
+        threads: torch's intra-op threads.
+    """
+
+    first_s: float
+    seconds: tuple[float, ...]
+    peak_rss_gb: float
+    threads: int
+    torch_version: str
+    timm_version: str
+
+
+def _train_step(settings: TimmSettings) -> Callable[[], float]:
+    import torch
+    from timm.models.swin_transformer import SwinTransformer
+
+    from swinexp.parity.reference import official_param_groups, soft_target_cross_entropy
+
+    arch = settings.arch
+    torch.manual_seed(settings.seed)
+    model = SwinTransformer(img_size=arch["img_size"], patch_size=arch["patch_size"], in_chans=arch["in_chans"],
+                            num_classes=arch["num_classes"], embed_dim=arch["embed_dim"],
+                            depths=tuple(arch["depths"]), num_heads=tuple(arch["num_heads"]),
+                            window_size=arch["window_size"], mlp_ratio=arch["mlp_ratio"], qkv_bias=arch["qkv_bias"],
+                            drop_rate=arch["drop_rate"], attn_drop_rate=arch["attn_drop_rate"],
+                            drop_path_rate=arch["drop_path_rate"]).train()
+    optimizer = torch.optim.AdamW(official_param_groups(model, settings.weight_decay), lr=settings.lr,
+                                  betas=tuple(settings.betas), eps=settings.eps, weight_decay=settings.weight_decay)
+    rng = np.random.default_rng(settings.seed)  # the same batch as swinexp.bench.harness.random_batch
+    size, classes = int(arch["img_size"]), int(arch["num_classes"])
+    images = torch.from_numpy(rng.standard_normal((settings.batch, 3, size, size)).astype(np.float32))
+    targets = torch.from_numpy(np.eye(classes, dtype=np.float32)[rng.integers(0, classes, settings.batch)])
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        loss = soft_target_cross_entropy(model(images), targets)
+        loss.backward()
+        if settings.clip_grad:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_grad)
+        optimizer.step()
+        return float(loss)  # a host float: the step has finished
+
+    return step
+
+
+def _timed(call: Callable[[], float]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def measure(settings: TimmSettings) -> TimmTiming:
+    """Run 1 + warmup + iters steps in this process; the figures of the timed ones and the process's peak RSS."""
+    import timm
+    import torch
+
+    step = _train_step(settings)
+    first = _timed(step)
+    for _ in range(settings.warmup):
+        step()
+    seconds = tuple(_timed(step) for _ in range(settings.iters))
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return TimmTiming(first, seconds, peak_gb, torch.get_num_threads(), torch.__version__, timm.__version__)
+
+
+def run_in_process(settings: TimmSettings) -> TimmTiming:
+    """`measure` in a fresh Python process (this one may hold MindSpore)."""
+    cmd = [sys.executable, "-m", "swinexp.bench.timm_peer", json.dumps(asdict(settings))]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the timm peer process exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return TimmTiming(**{**result, "seconds": tuple(result["seconds"])})
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    settings = json.loads(argv[0])
+    timing = measure(TimmSettings(**{**settings, "betas": tuple(settings["betas"])}))
+    print(json.dumps(asdict(timing)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
