@@ -102,6 +102,18 @@ def test_peers_table_divides_by_mindcv_and_by_timm() -> None:
     assert {r[columns.index("ratio to timm (median)")] for r in without.table.rows} == {"-"}
 
 
+def test_the_timm_process_leaves_mindspores_library_folders_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    from swinexp.bench.timm_peer import torch_environment
+
+    plugin = "/venv/lib/python3.11/site-packages/mindspore/lib/plugin/cpu"
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/opt/lib:{plugin}")
+    monkeypatch.setenv("SWINEXP_PROBE", "kept")
+    env = torch_environment()
+    assert env["LD_LIBRARY_PATH"] == "/opt/lib" and env["SWINEXP_PROBE"] == "kept"
+    monkeypatch.setenv("LD_LIBRARY_PATH", plugin)
+    assert "LD_LIBRARY_PATH" not in torch_environment()
+
+
 def test_memory_measures_each_peer_in_a_fresh_process(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("mindcv")
     from swinexp.bench.timm_peer import reference_installed

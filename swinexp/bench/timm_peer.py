@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TimmSettings", "TimmTiming", "measure", "reference_installed", "run_in_process"]
+__all__ = ["TimmSettings", "TimmTiming", "measure", "reference_installed", "run_in_process", "torch_environment"]
 
 TIMEOUT_S = 1800
 
@@ -124,10 +125,24 @@ def measure(settings: TimmSettings) -> TimmTiming:
     return TimmTiming(first, seconds, peak_gb, torch.get_num_threads(), torch.__version__, timm.__version__)
 
 
+def torch_environment() -> dict[str, str]:
+    """This process's environment without the library folders MindSpore put on LD_LIBRARY_PATH when imported.
+
+    Inherited, they make torch in the child run on 1 thread instead of one per core (measured here: 1 vs 2).
+    """
+    env = dict(os.environ)
+    kept = [d for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d and "mindspore" not in d]
+    env.pop("LD_LIBRARY_PATH", None)
+    if kept:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(kept)
+    return env
+
+
 def run_in_process(settings: TimmSettings) -> TimmTiming:
     """`measure` in a fresh Python process (this one may hold MindSpore)."""
     cmd = [sys.executable, "-m", "swinexp.bench.timm_peer", json.dumps(asdict(settings))]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+                          env=torch_environment())
     if done.returncode != 0:
         raise RuntimeError(f"the timm peer process exited with {done.returncode}:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
