@@ -114,6 +114,20 @@ def test_the_timm_process_leaves_mindspores_library_folders_behind(monkeypatch: 
     assert "LD_LIBRARY_PATH" not in torch_environment()
 
 
+def test_a_worker_reports_its_own_peak_memory_not_its_parents() -> None:
+    import subprocess
+    import sys
+
+    ballast = bytearray(600 * 2**20)  # the parent's resident set: 600 MiB more, touched
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    code = ("import resource; from swinexp.bench.peak import peak_rss_gb; "
+            "print(peak_rss_gb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)")
+    own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                               check=True).stdout.split())
+    assert own < 0.3 < 0.55 < inherited  # ru_maxrss kept the parent's peak across exec; VmHWM did not
+    del ballast
+
+
 def test_memory_measures_each_peer_in_a_fresh_process(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("mindcv")
     from swinexp.bench.timm_peer import reference_installed

@@ -2,14 +2,13 @@
 
 Each peer runs in a process of its own (a process's peak RSS only grows, and MindSpore keeps a compiled graph's
 buffers for the life of the process), builds the same step as `peers` (swin_tiny, batch 16, 224 px by default)
-and takes three steps; the figure is the process's peak resident set (getrusage ru_maxrss), imports included.
+and takes three steps; the figure is the process's peak resident set (VmHWM, `peak.py`), imports included.
 
     python -m swinexp.bench.memory <swinexp|MindCV> [overrides]   # the MindSpore worker; prints one JSON line
 """
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from swinexp.bench import peers
 from swinexp.bench.harness import IMPORT_ROOT, build_train_step, compose, quiet_cell_teardown, random_batch
 from swinexp.bench.host import describe, rss_gb
 from swinexp.bench.options import Options
+from swinexp.bench.peak import peak_rss_gb
 from swinexp.bench.peers import MINDCV, SWINEXP, TIMM
 from swinexp.bench.table import BenchResult, Table
 from swinexp.bench.timing import progress
@@ -38,10 +38,6 @@ class Peak:
     first_s: float
     peak_rss_gb: float
     built_gb: float = float("nan")  # RSS once the model and optimizer exist, before the first step
-
-
-def _peak_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def worker(peer: str, overrides: Sequence[str]) -> Peak:
@@ -66,7 +62,7 @@ def worker(peer: str, overrides: Sequence[str]) -> Peak:
     first = time.perf_counter() - start
     for _ in range(STEPS - 1):
         step(images, targets)
-    return Peak(first, _peak_gb(), built)
+    return Peak(first, peak_rss_gb(), built)
 
 
 def _in_process(peer: str, overrides: Sequence[str]) -> Peak:
@@ -112,7 +108,7 @@ def memory_table(peaks: dict[str, Peak], cfg) -> BenchResult:
     title = (f"Peak resident memory of {STEPS} train steps, each peer in a fresh process: {cfg.model.name} "
              f"architecture, batch {cfg.data.batch_size}, {cfg.data.img_size} px, amp {cfg.amp.name}, "
              f"{cfg.hardware.mode} mode; {describe()}")
-    notes = ("Peak RSS = getrusage ru_maxrss of the process after its steps (interpreter, imports, weights, "
+    notes = ("Peak RSS = VmHWM of the process after its steps (interpreter, imports, weights, "
              "compiled graph, gradients, optimizer state, activations). 'after build': RSS once the model and "
              "optimizer exist, before the first step (MindSpore peers).",)
     columns = ("model", "first step (s)", "after build (GiB)", "peak RSS (GiB)", "ratio to MindCV", "ratio to timm")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from swinexp.bench.peak import peak_rss_gb
 
 __all__ = ["TimmSettings", "TimmTiming", "measure", "reference_installed", "run_in_process", "torch_environment"]
 
@@ -60,7 +61,7 @@ class TimmTiming:
     Attributes:
         first_s: The first step (eager: no compilation; allocator and kernel selection warm-up).
         seconds: The timed steps after warm-up.
-        peak_rss_gb: Peak resident memory of the process (getrusage ru_maxrss) after all its steps.
+        peak_rss_gb: Peak resident memory of the process (VmHWM) after all its steps.
         threads: torch's intra-op threads.
     """
 
@@ -100,7 +101,7 @@ def _train_step(settings: TimmSettings) -> Callable[[], float]:
         if settings.clip_grad:
             torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_grad)
         optimizer.step()
-        return float(loss)  # a host float: the step has finished
+        return float(loss.detach())  # a host float: the step has finished
 
     return step
 
@@ -121,7 +122,7 @@ def measure(settings: TimmSettings) -> TimmTiming:
     for _ in range(settings.warmup):
         step()
     seconds = tuple(_timed(step) for _ in range(settings.iters))
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    peak_gb = peak_rss_gb()
     return TimmTiming(first, seconds, peak_gb, torch.get_num_threads(), torch.__version__, timm.__version__)
 
 
