@@ -75,18 +75,12 @@ class TimmTiming:
 
 def _train_step(settings: TimmSettings) -> Callable[[], float]:
     import torch
-    from timm.models.swin_transformer import SwinTransformer
 
-    from swinexp.parity.reference import official_param_groups, soft_target_cross_entropy
+    from swinexp.parity.reference import official_param_groups, soft_target_cross_entropy, timm_swin
 
     arch = settings.arch
     torch.manual_seed(settings.seed)
-    model = SwinTransformer(img_size=arch["img_size"], patch_size=arch["patch_size"], in_chans=arch["in_chans"],
-                            num_classes=arch["num_classes"], embed_dim=arch["embed_dim"],
-                            depths=tuple(arch["depths"]), num_heads=tuple(arch["num_heads"]),
-                            window_size=arch["window_size"], mlp_ratio=arch["mlp_ratio"], qkv_bias=arch["qkv_bias"],
-                            drop_rate=arch["drop_rate"], attn_drop_rate=arch["attn_drop_rate"],
-                            drop_path_rate=arch["drop_path_rate"]).train()
+    model = timm_swin(arch, random=True)  # raises for what timm cannot express (ape)
     optimizer = torch.optim.AdamW(official_param_groups(model, settings.weight_decay), lr=settings.lr,
                                   betas=tuple(settings.betas), eps=settings.eps, weight_decay=settings.weight_decay)
     rng = np.random.default_rng(settings.seed)  # the same batch as swinexp.bench.harness.random_batch

@@ -33,8 +33,9 @@ NO_DECAY_KEYWORDS = ("relative_position_bias_table",)
 AUTOCAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def timm_swin(arch: Mapping[str, Any]) -> SwinTransformer:
-    """timm's SwinTransformer with the architecture of a swinexp `model` config (dropout and drop path off).
+def timm_swin(arch: Mapping[str, Any], random: bool = False) -> SwinTransformer:
+    """timm's SwinTransformer with the architecture of a swinexp `model` config; dropout and drop path off unless
+    `random` (then the config's drop_rate, attn_drop_rate and drop_path_rate).
 
     Raises:
         ValueError: an architecture timm's Swin cannot express (absolute position embedding).
@@ -49,8 +50,16 @@ def timm_swin(arch: Mapping[str, Any]) -> SwinTransformer:
                             num_classes=arch["num_classes"], embed_dim=arch["embed_dim"],
                             depths=tuple(arch["depths"]), num_heads=tuple(arch["num_heads"]),
                             window_size=arch["window_size"], mlp_ratio=arch["mlp_ratio"], qkv_bias=arch["qkv_bias"],
-                            drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0)
+                            **(_drop_rates(arch) if random else _NO_DROP))
     return model.train()
+
+
+_NO_DROP = {"drop_rate": 0.0, "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0}
+
+
+def _drop_rates(arch: Mapping[str, Any]) -> dict[str, float]:
+    return {"drop_rate": arch["drop_rate"], "attn_drop_rate": arch["attn_drop_rate"],
+            "drop_path_rate": arch["drop_path_rate"]}
 
 
 def load_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -> None:
