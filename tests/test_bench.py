@@ -162,11 +162,21 @@ def test_peers_without_mindcv_says_how_to_install_and_exits_0(monkeypatch: pytes
 
 
 def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+    from swinexp.bench.timm_peer import reference_installed
+
     assert main(["data", "--images", "16", "--batch", "8", "--img-size", "32", "--workers", "1", "--iters", "1"]) == 0
-    ((header, rows),) = tables(capsys.readouterr().out)
-    assert len(rows) == 4  # train and eval, each in-process and through one Loader worker
+    out = capsys.readouterr()
+    ((header, rows),) = tables(out.out)
     for row in rows:
         assert all(v > 0 for v in numbers(header, row, ("median (images/s)", "min (images/s)", "max (images/s)")))
+    # train and eval, each in-process and through one Loader worker; with the reference extra, timm's loops too
+    hows = [row[header.index("how")] for row in rows]
+    timm_rows = [how for how in hows if "timm" in how]
+    if reference_installed():
+        assert len(rows) == 6 and len(timm_rows) == 2 and all("PyTorch" in how for how in timm_rows)
+        assert re.search(r"swinexp / timm images/s.*swin train \d+\.\d+, eval \d+\.\d+", out.out)
+    else:
+        assert len(rows) == 4 and timm_rows == [] and "pip install -e '.[reference]'" in out.err
 
 
 def test_overhead_times_startup_phases_and_mlflow(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

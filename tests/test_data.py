@@ -17,7 +17,7 @@ from swinexp.data.folder import scan_split
 from swinexp.data.pipeline import DecodeTransform, EpochSampler, build_loaders
 from swinexp.data.synthetic import generate
 from swinexp.data.targets import smooth_one_hot
-from swinexp.data.transforms import EvalTransform, RandomResizedCropFlip
+from swinexp.data.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, RandomResizedCropFlip, to_normalized_chw
 from swinexp.registry import ConfigError
 
 
@@ -141,6 +141,18 @@ def test_eval_transform_resizes_short_side_then_center_crops() -> None:
     # short side 200 -> 256, long side 384; the 224 crop starts at x=80 of 384, the white edge sits at x=192
     white = (1.0 - 0.485) / 0.229
     assert np.isclose(out[0, 112, 100], white, atol=1e-2) and out[0, 112, 200] < 0
+
+
+@pytest.mark.parametrize("mean,std", [(IMAGENET_MEAN, IMAGENET_STD), ((0.5, 0.25, 0.0), (0.5, 1.0, 3.0))])
+def test_normalization_is_bit_identical_to_divide_subtract_divide_in_float32(mean: tuple, std: tuple) -> None:
+    pixels = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    pixels[0, :3] = [[0, 0, 0], [255, 255, 255], [1, 128, 254]]
+    # torchvision's ToTensor (uint8 -> float32 / 255) then Normalize ((x - mean) / std), channels first
+    x = pixels.astype(np.float32) / np.float32(255)
+    expected = ((x - np.float32(mean)) / np.float32(std)).transpose(2, 0, 1)
+    out = to_normalized_chw(Image.fromarray(pixels), mean, std)
+    assert out.dtype == np.float32 and out.shape == (3, 37, 53) and out.flags.c_contiguous
+    assert np.array_equal(out, expected)
 
 
 def test_random_resized_crop_stays_in_bounds_and_is_seeded() -> None:

@@ -4,7 +4,8 @@ Input: the first `--images` CIFAR-10 train JPEGs from ../shared (drawn shapes wh
 `--img-size` and re-encoded as JPEG (quality 90) into a temporary ImageFolder of 10 class folders. Each timed
 iteration is one full epoch of one pipeline; pipelines take turns (round-robin) and the first epoch of each is
 untimed, so worker start-up is not counted. The in-process rows decode and transform in a plain Python loop without
-MindSpore: the single-core ceiling.
+MindSpore: the single-core ceiling. With the `reference` extra installed, timm's ImageDataset and transforms run the
+same loop over the same files (`timm_data`), taking turns with swinexp's, and a note gives the per-image ratios.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from swinexp.bench.harness import IMPORT_ROOT
 from swinexp.bench.host import describe
 from swinexp.bench.options import Options
 from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import round_robin
+from swinexp.bench.timing import progress, round_robin
+from swinexp.bench.timm_peer import reference_installed
 from swinexp.data.augment import swin
 from swinexp.data.datasets import DataSpec, imagefolder
 from swinexp.data.decode import load_rgb
@@ -30,10 +32,13 @@ from swinexp.data.pipeline import Loader
 from swinexp.data.synthetic import SHAPES, draw_image
 from swinexp.data.transforms import EvalTransform, Transform
 
-__all__ = ["CIFAR_TRAIN", "run", "source_images"]
+__all__ = ["CIFAR_TRAIN", "NO_TIMM_MESSAGE", "run", "source_images"]
 
 CIFAR_TRAIN = IMPORT_ROOT.parent / "shared" / "datasets" / "cifar10" / "train.tar"
 CLASSES = 10  # images go to class folders round-robin: labels do not matter for throughput
+NO_TIMM_MESSAGE = ("data: no timm rows: install the reference extra with pip install -e '.[reference]' "
+                   "(torch, torchvision, timm) to time timm's transforms on the same images.")
+PIPELINES = {"train": "swin train", "eval": "eval"}
 
 
 def source_images(count: int, size: int) -> Iterator[Image.Image]:
@@ -83,15 +88,24 @@ def _pipeline(loader: Loader) -> Callable[[], None]:
 Candidate = tuple[Callable[[], Callable[[], None]], int, tuple[str, ...]]
 
 
-def candidates(spec: DataSpec, max_workers: int) -> dict[str, Candidate]:
+def candidates(spec: DataSpec, root: Path, max_workers: int, with_timm: bool) -> dict[str, Candidate]:
     """Name -> (builder of one epoch's call, images per epoch, the row's first cells)."""
     augment = swin(spec.img_size, num_classes=spec.num_classes, label_smoothing=0.1)
     evaluation = EvalTransform(spec.img_size, spec.crop_pct, "bicubic")
     n, batch = len(spec.train), spec.batch_size
     train_images = n // batch * batch  # the train loader drops the last incomplete batch
     loop = ("in-process loop (no MindSpore)", "-", "-")
-    rows = {"train/in_process": (lambda: _in_process(spec.train, augment), n, ("swin train", *loop)),
-            "eval/in_process": (lambda: _in_process(spec.val, evaluation), n, ("eval", *loop))}
+    rows = {"train/in_process": (lambda: _in_process(spec.train, augment), n, (PIPELINES["train"], *loop)),
+            "eval/in_process": (lambda: _in_process(spec.val, evaluation), n, (PIPELINES["eval"], *loop))}
+    if with_timm:
+        from swinexp.bench import timm_data
+
+        timm_loop = (f"in-process loop, {timm_data.timm_version()}", "-", "-")
+        for kind, split in (("train", "train"), ("eval", "val")):
+            def build(k: str = kind, folder: Path = root / split) -> Callable[[], None]:
+                return timm_data.in_process_epoch(folder, timm_data.timm_transform(k, spec.img_size, spec.crop_pct))
+
+            rows[f"{kind}/timm_in_process"] = (build, n, (PIPELINES[kind], *timm_loop))
     for workers in range(1, max_workers + 1):
         for processes in ((False,) if workers == 1 else (True, False)):
             kind = "processes" if processes else "threads"
@@ -103,9 +117,16 @@ def candidates(spec: DataSpec, max_workers: int) -> dict[str, Candidate]:
                 return _pipeline(Loader(spec.val, evaluation, batch, w, 0, python_multiprocessing=p))
 
             how = (f"Loader, batch {batch}", str(workers), kind)
-            rows[f"train/{workers}_{kind}"] = (train, train_images, ("swin train", *how))
-            rows[f"eval/{workers}_{kind}"] = (val, len(spec.val), ("eval", *how))
+            rows[f"train/{workers}_{kind}"] = (train, train_images, (PIPELINES["train"], *how))
+            rows[f"eval/{workers}_{kind}"] = (val, len(spec.val), (PIPELINES["eval"], *how))
     return rows
+
+
+def timm_ratios(metrics: dict[str, float]) -> dict[str, float]:
+    """data/<kind>/swinexp_over_timm: swinexp's in-process images/s over timm's (> 1: swinexp is faster)."""
+    return {f"data/{kind}/swinexp_over_timm": metrics[f"data/{kind}/in_process/images_per_s"] /
+            metrics[f"data/{kind}/timm_in_process/images_per_s"]
+            for kind in PIPELINES if f"data/{kind}/timm_in_process/images_per_s" in metrics}
 
 
 def run(opts: Options) -> BenchResult:
@@ -117,7 +138,10 @@ def run(opts: Options) -> BenchResult:
         write_folder(Path(tmp), opts.images, img_size)
         spec = imagefolder(tmp, num_classes=CLASSES, img_size=img_size, batch_size=batch, num_workers=1,
                            crop_pct=0.875)
-        rows = candidates(spec, opts.workers)
+        with_timm = reference_installed()
+        if not with_timm:
+            progress(NO_TIMM_MESSAGE)
+        rows = candidates(spec, Path(tmp), opts.workers, with_timm)
         # the first (untimed) epoch of each row is its warm-up: an epoch is long enough to need no more
         timings = round_robin({name: build for name, (build, _, _) in rows.items()}, 0, opts.iters)
     table_rows, metrics = [], {}
@@ -127,12 +151,18 @@ def run(opts: Options) -> BenchResult:
         rate = float(np.median(rates))
         table_rows.append((*cells, f"{rate:.0f}", f"{rates[0]:.0f}", f"{rates[-1]:.0f}"))
         metrics[f"data/{name}/images_per_s"] = rate
+    ratios = timm_ratios(metrics)
+    metrics.update(ratios)
     source = "CIFAR-10 train JPEGs upscaled" if CIFAR_TRAIN.is_file() else "drawn-shape JPEGs"
     title = (f"Input pipeline, {opts.images} {source} to {img_size} px (JPEG q90), output {img_size} px; "
              f"{opts.iters} timed epochs per row after one untimed, round-robin; {describe()}")
-    notes = (("swin train: RandomResizedCrop bicubic + flip, RandAugment rand-m9-mstd0.5-inc1, normalize, "
-              "RandomErasing 0.25, Mixup 0.8 / CutMix 1.0 with label smoothing 0.1. eval: resize the short side to "
-              f"{img_size}/0.875 (bicubic), center crop {img_size}, normalize."),
-             f"Mean 1-minute load average during the timed epochs: {next(iter(timings.values())).load:.1f}.")
+    notes = ["swin train: RandomResizedCrop bicubic + flip, RandAugment rand-m9-mstd0.5-inc1, normalize, "
+             "RandomErasing 0.25, Mixup 0.8 / CutMix 1.0 with label smoothing 0.1 (Loader rows; the in-process "
+             "loops stop at the per-image transform). eval: resize the short side to "
+             f"{img_size}/0.875 (bicubic), center crop {img_size}, normalize."]
+    if ratios:
+        per_kind = ", ".join(f"{PIPELINES[key.split('/')[1]]} {value:.2f}" for key, value in ratios.items())
+        notes.append(f"swinexp / timm images/s, in-process loops (medians): {per_kind}; > 1 means swinexp is faster.")
+    notes.append(f"Mean 1-minute load average during the timed epochs: {next(iter(timings.values())).load:.1f}.")
     columns = ("pipeline", "how", "workers", "worker kind", "median (images/s)", "min (images/s)", "max (images/s)")
-    return BenchResult("data", Table(title, columns, tuple(table_rows), notes), metrics)
+    return BenchResult("data", Table(title, columns, tuple(table_rows), tuple(notes)), metrics)
