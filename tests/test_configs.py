@@ -111,6 +111,19 @@ def test_hardware_preset_picks_its_formulation_and_the_command_line_wins(
     assert cfg.model.custom_bprop == switches["custom_bprop"]
 
 
+@pytest.mark.parametrize("threads,expected", [(None, "cores"), (3, 3)])
+def test_cpu_kernels_run_one_thread_per_core_of_the_process_unless_told(monkeypatch: pytest.MonkeyPatch,
+                                                                      threads: int | None, expected) -> None:
+    import os
+
+    import mindspore as ms
+
+    calls: list[int] = []
+    monkeypatch.setattr(ms.device_context.cpu.op_tuning, "threads_num", calls.append)
+    hardware.set_cpu_threads(threads)
+    assert calls == [len(os.sched_getaffinity(0)) if expected == "cores" else expected]
+
+
 def test_model_follows_the_data(compose: Callable[..., DictConfig]) -> None:
     cfg = compose("data.num_classes=4", "data.img_size=32")
     assert cfg.model.num_classes == 4 and cfg.model.img_size == 32

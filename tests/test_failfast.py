@@ -105,6 +105,16 @@ def test_heads_that_do_not_divide_the_stage_width(compose: Callable[..., DictCon
         build_experiment(compose("model.num_heads=[3,4]"))
 
 
+@pytest.mark.parametrize("override,message", [
+    ("hardware.cpu_threads=0", r"hardware.cpu_threads=0 must be >= 1, or null for one per core"),
+    ("hardware.memory_optimize_level=O2", r"hardware.memory_optimize_level='O2' is not valid; choose one of: O0, O1"),
+])
+def test_impossible_cpu_settings(compose: Callable[..., DictConfig], no_model: None, override: str,
+                                 message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_experiment(compose(override))
+
+
 @pytest.mark.skipif(_has_backend("GPU"), reason="this MindSpore has a GPU backend")
 def test_gpu_preset_without_a_gpu_backend(compose: Callable[..., DictConfig], no_model: None) -> None:
     with pytest.raises(ConfigError, match=r"hardware.device_target='GPU' .* has no GPU backend .*hardware=cpu.*"

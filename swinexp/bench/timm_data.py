@@ -24,7 +24,7 @@ def _posterize_zero_bits_as_black() -> None:
     """Make timm's posterize give black for 0 bits, as Pillow did before it rejected 0.
 
     With Pillow 13, `ImageOps.posterize(img, 0)` raises, and timm's PosterizeIncreasing asks for 0 bits whenever
-    the sampled magnitude reaches 10 (about 2 % of its draws at m9, mstd 0.5): timm's own training would crash.
+    the sampled magnitude is clipped to 10 (about 2 % of its uses at m9, mstd 0.5): timm's own training would crash.
     swinexp's posterize keeps the old result; timm's ops table gets it for this benchmark.
     """
     import timm.data.auto_augment as timm_ops

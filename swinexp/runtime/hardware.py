@@ -15,6 +15,7 @@ from swinexp.registry import ConfigError
 
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
+MEMORY_LEVELS = ("O0", "O1")
 
 
 def validate(hw: HardwareCfg) -> None:
@@ -27,6 +28,11 @@ def validate(hw: HardwareCfg) -> None:
         )
     if hw.num_devices < 1 or hw.num_nodes < 1:
         raise ConfigError(f"hardware.num_devices={hw.num_devices} and hardware.num_nodes={hw.num_nodes} must be >= 1")
+    if hw.cpu_threads is not None and hw.cpu_threads < 1:
+        raise ConfigError(f"hardware.cpu_threads={hw.cpu_threads} must be >= 1, or null for one per core")
+    if hw.memory_optimize_level not in (None, *MEMORY_LEVELS):
+        raise ConfigError(f"hardware.memory_optimize_level='{hw.memory_optimize_level}' is not valid; choose one of: "
+                          f"{', '.join(MEMORY_LEVELS)} (or null for MindSpore's default)")
 
 
 def check_backend(hw: HardwareCfg) -> None:
@@ -59,7 +65,9 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
     ms.set_device(hw.device_target)
     ms.set_context(mode=MODES[hw.mode])
     if hw.device_target == "CPU":
-        size_cpu_threads_to_affinity()
+        set_cpu_threads(hw.cpu_threads)
+    if hw.memory_optimize_level is not None:
+        ms.runtime.set_memory(optimize_level=hw.memory_optimize_level)
     if hw.jit_level is not None:
         ms.set_context(jit_config={"jit_level": hw.jit_level})
     if deterministic:
@@ -71,21 +79,22 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
     set_seed(seed)  # the same seed on every rank: identical initial weights, rank-specific data via the shard
 
 
-def size_cpu_threads_to_affinity() -> None:
-    """A process pinned to fewer cores (`hydra.launcher.max_parallel`, taskset) runs MindSpore's CPU kernels on
-    that many threads, not on its default 25, which would fight over the cores with the other jobs."""
-    cores = len(os.sched_getaffinity(0))
-    if cores < (os.cpu_count() or cores):
-        try:
-            ms.device_context.cpu.op_tuning.threads_num(cores)
-        except RuntimeError:  # set already in this process (it can be set once)
-            pass
+def set_cpu_threads(threads: int | None) -> None:
+    """Run MindSpore's CPU kernels on `threads` threads; None: one per core this process may run on (its affinity:
+    `hydra.launcher.max_parallel` and taskset pin jobs to fewer), not MindSpore's default 25 on any machine."""
+    try:
+        ms.device_context.cpu.op_tuning.threads_num(threads or len(os.sched_getaffinity(0)))
+    except RuntimeError:  # set already in this process (it can be set once)
+        pass
 
 
 def context_summary(hw: HardwareCfg) -> dict[str, object]:
     """The MindSpore settings `apply` makes, for dry runs and logs."""
     summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
-                                  "jit_level": hw.jit_level or "backend default"}
+                                  "jit_level": hw.jit_level or "backend default",
+                                  "memory_optimize_level": hw.memory_optimize_level or "backend default"}
+    if hw.device_target == "CPU":
+        summary["cpu_threads"] = hw.cpu_threads or f"{len(os.sched_getaffinity(0))} (one per core of this process)"
     if hw.num_devices * hw.num_nodes > 1:
         summary.update({"communication": {"CPU": "MindSpore collective", "GPU": "NCCL", "Ascend": "HCCL"}[
             hw.device_target], "parallel_mode": "DATA_PARALLEL", "gradients_mean": True,
