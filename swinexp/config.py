@@ -73,6 +73,8 @@ class HardwareCfg:
     jit_level: Optional[str] = None             # MindSpore graph kernel level O0/O1/O2; null = backend default
     cpu_threads: Optional[int] = None           # CPU kernel threads; null = the cores this process may run on
     memory_optimize_level: Optional[str] = None  # O0 | O1 (memory reuse across the graph); null = backend default
+    compile_cache: bool = False                 # reuse the graphs an identical config compiled (compile_cache.py)
+    compile_cache_dir: Optional[str] = None     # where; null = $XDG_CACHE_HOME/swinexp/compile (~/.cache/...)
     num_devices: int = 1                        # worker processes per node
     num_nodes: int = 1
     master_addr: str = "127.0.0.1"              # msrun scheduler host: node 0's address on a cluster

@@ -19,7 +19,7 @@ from swinexp.build import Experiment, build_experiment, build_model, build_track
 from swinexp.config import HardwareCfg
 from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
-from swinexp.runtime import hardware, launch, phases
+from swinexp.runtime import compile_cache, hardware, launch, phases
 from swinexp.runtime.interrupt import Interrupted
 from swinexp.saved_run import CLASSES_FILE
 from swinexp.tracking import STOPPED_TAG, NullTracker, Tracker, flatten
@@ -165,6 +165,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     if cfg.debug.fail_rank is not None and int(cfg.debug.fail_rank) == launch.rank():
         raise RuntimeError(f"debug.fail_rank={cfg.debug.fail_rank}: this worker fails on purpose (to test failure "
                            "handling)")
+    compile_cache.enable(cfg)
     return train(cfg, job, hw)
 
 

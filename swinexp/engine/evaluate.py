@@ -7,6 +7,7 @@ from typing import Callable
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from swinexp.engine.step import GraphStep
 from swinexp.runtime import phases
 
 
@@ -25,7 +26,7 @@ def make_eval_step(model: nn.Cell, jit: bool) -> Callable[[Tensor, Tensor], tupl
         top5 = ops.cast(hits.any(axis=-1), ms.float32).sum()
         return loss, top1, top5
 
-    return ms.jit(step) if jit else step
+    return ms.jit(GraphStep(step, {"model": model})) if jit else step
 
 
 def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],

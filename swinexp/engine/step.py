@@ -15,7 +15,7 @@ import logging
 from typing import Callable, NamedTuple
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.amp import all_finite
 
 from swinexp.amp import AmpPolicy
@@ -95,6 +95,29 @@ def clip_by_global_norm(grads: tuple[Tensor, ...], norm: Tensor, max_norm: float
     return scale_all(grads, ops.minimum(max_norm / (norm + 1e-6), 1.0))
 
 
+class GraphStep(nn.Cell):
+    """A step function compiled as the construct of a Cell that owns every Parameter the function touches.
+
+    MindSpore binds a compiled graph to the values of its Cell's parameters (`parameters_dict`); a graph loaded from
+    its compile cache (`hardware.compile_cache`) is bound to nothing else. A plain `ms.jit` function that closes
+    over the model ran a cached graph on uninitialized weights (NaN losses on CPU; BENCHMARKS.md has the minimal
+    reproduction), so the step's functions are compiled as this Cell, with `owners` registered under it.
+
+    Args:
+        fn: The step function (images, targets, *draws) -> outputs.
+        owners: The cells and parameters `fn` reads or writes; they keep their names (no prefix is added).
+    """
+
+    def __init__(self, fn: Callable[..., object], owners: dict[str, nn.Cell | ParameterTuple]) -> None:
+        super().__init__(auto_prefix=False)
+        self.fn = fn
+        for name, owner in owners.items():
+            setattr(self, name, owner)
+
+    def construct(self, *inputs: Tensor) -> object:
+        return self.fn(*inputs)
+
+
 def random_sites(model: nn.Cell) -> RandomSites | None:
     """The `RandomSites` of the network inside `model` (an AMP wrapper's backbone too), or None: it draws nothing."""
     for _, cell in model.cells_and_names():
@@ -147,7 +170,11 @@ class TrainStep:
         self.key = philox_key(int(seed), launch.rank() if distributed else 0)
         grad_fn = ms.value_and_grad(self._forward_fn(model), None, self.params, has_aux=True)
         apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed, amp.loss_scale == "none")
-        compile_ = ms.jit if jit else (lambda fn: fn)
+        owners = {"model": model, "optimizer": optimizer, "state": ParameterTuple(self.state().values())}
+
+        def compile_(fn: Callable[..., object]) -> Callable[..., object]:
+            return ms.jit(GraphStep(fn, owners)) if jit else fn
+
         if accumulation_steps == 1:
             # no buffer at all: the update consumes this micro-batch's gradient directly
             def fused(images: Tensor, targets: Tensor, *draws: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -162,6 +189,7 @@ class TrainStep:
         # this flag remembers it so the whole window's update is skipped
         window_overflow = self.window_overflow = Parameter(Tensor(False, ms.bool_), name="grad_accum_window_overflow",
                                                            requires_grad=False)
+        owners["buffers"] = ParameterTuple([*accum, window_overflow])
         assign_add, assign_sub = ops.AssignAdd(), ops.AssignSub()
         if accumulate_on == "cpu":
             assign_add.set_device("CPU")

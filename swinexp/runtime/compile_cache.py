@@ -1,0 +1,109 @@
+"""MindSpore's compile cache, made safe to share between the jobs of a sweep (`hardware.compile_cache=true`).
+
+MindSpore (`MS_COMPILER_CACHE_ENABLE`) keys its cache by the hash of the entry script's source files only and
+matches graphs by the order in which a process compiles them: a job whose constants differ (clip value, shapes,
+weight decay) silently runs the graphs of the job that wrote the cache (BENCHMARKS.md has the reproduction). So:
+
+- each configuration gets its own directory, named by a hash of everything that shapes the compiled graphs: the
+  resolved config minus HOST_ONLY (the keys only the host reads: seed, data paths and augmentation, tracking,
+  checkpointing, ...), swinexp's own source and the MindSpore version;
+- a job never writes into a shared directory: it compiles into a private one and, when it exits, renames that to
+  the configuration's directory if none exists yet (a rename is atomic, so a reader never sees a half-written
+  cache); a job that finds the directory works on a private copy of it.
+
+The step functions are compiled as Cells (`engine.step.GraphStep`), whose parameters MindSpore binds to a loaded
+graph; a plain jitted function would run a cached graph on uninitialized weights.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mindspore as ms
+from omegaconf import DictConfig, OmegaConf
+
+import swinexp
+
+__all__ = ["HOST_ONLY", "cache_key", "default_root", "enable"]
+
+log = logging.getLogger("swinexp")
+
+# dotted config keys that never reach a compiled graph: the random draws are inputs of the step (models/randomness),
+# targets and augmentation are made on the host, the rest is bookkeeping
+HOST_ONLY = ("seed", "tracking", "debug", "dry_run", "inspect", "optimized_metric",
+             "data.root", "data.num_workers", "data.augment", "data.crop_pct", "data.generator_seed",
+             "trainer.stop_after_epoch", "trainer.progress_bar", "trainer.resume", "trainer.resume_force",
+             "trainer.checkpoint", "trainer.max_nonfinite", "trainer.profile", "trainer.label_smoothing",
+             "hardware.master_addr", "hardware.master_port", "hardware.node_rank", "hardware.log_dir",
+             "hardware.compile_cache", "hardware.compile_cache_dir")
+
+
+def default_root() -> Path:
+    """$XDG_CACHE_HOME/swinexp/compile, else ~/.cache/swinexp/compile."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swinexp" / "compile"
+
+
+def _source_digest() -> str:
+    digest = hashlib.sha256()
+    package = Path(swinexp.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(cfg: DictConfig) -> str:
+    """16 hex digits naming the compiled graphs of `cfg`: equal exactly when everything that shapes them is."""
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    for dotted in HOST_ONLY:
+        *parents, leaf = dotted.split(".")
+        node = tree
+        for part in parents:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    payload = json.dumps({"config": tree, "mindspore": ms.__version__, "swinexp": _source_digest()},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def enable(cfg: DictConfig) -> Path | None:
+    """Point MindSpore's compile cache at this configuration's graphs; call before the first graph compiles.
+
+    Returns:
+        The configuration's cache directory (filled when this process exits, if it was not there yet), or None
+        when `hardware.compile_cache` is off.
+    """
+    hw = cfg.hardware
+    if not hw.get("compile_cache", False):
+        return None
+    root = Path(hw.get("compile_cache_dir") or default_root()).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    shared = root / cache_key(cfg)
+    private = Path(tempfile.mkdtemp(prefix=f".{shared.name}-", dir=root))
+    found = shared.is_dir()
+    if found:
+        shutil.copytree(shared, private, dirs_exist_ok=True)
+    os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
+    os.environ["MS_COMPILER_CACHE_PATH"] = str(private)
+    atexit.register(_publish, private, shared)
+    log.info("hardware.compile_cache: %s compiled graphs of this configuration in %s", "loading the" if found
+             else "no", shared)
+    return shared
+
+
+def _publish(private: Path, shared: Path) -> None:
+    """Make `private` the configuration's cache if it holds graphs and none is there yet; else discard it."""
+    try:
+        if not shared.exists() and any(private.rglob("*.mindir")):
+            os.rename(private, shared)
+            return
+    except OSError:  # another job published first
+        pass
+    shutil.rmtree(private, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""hardware.compile_cache: a job of an already compiled configuration loads its graphs and trains exactly as a cold
+compile does; the cache directory is keyed by what shapes the graphs, and a shared directory is never written to."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swinexp.runtime import compile_cache
+from tests.conftest import ROOT, SMOKE
+
+# every figure of an epoch line except its wall time and throughput
+EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ +(train/loss .*?) +\d+\.\d+ s +[\d.]+ img/s")
+
+
+def _train(tmp_path: Path, data_root: Path, name: str, *extra: str) -> tuple[list[tuple[str, str]], str]:
+    """Train the smoke config in a fresh process; (per-epoch figures, its output: log and MindSpore's warnings)."""
+    cmd = [sys.executable, str(ROOT / "run.py"), *SMOKE, f"data.root={data_root}",
+           f"hydra.run.dir={tmp_path / name}", *extra]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return EPOCH_LINE.findall(done.stdout), done.stdout
+
+
+@pytest.mark.slow
+def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic_root: Path) -> None:
+    cache = tmp_path / "cache"
+    on = ["hardware.compile_cache=true", f"hardware.compile_cache_dir={cache}"]
+    _, first_log = _train(tmp_path, synthetic_root, "first", *on)  # compiles, publishes on exit
+    assert "no compiled graphs of this configuration" in first_log
+    (published,) = list(cache.iterdir())  # the private work copy is gone, the configuration's dir is there
+    assert not published.name.startswith(".") and list(published.rglob("*.mindir"))
+    # another seed: host-only (its draws are inputs of the step), so the same graphs; their results must be
+    # those of a cold compile of that seed (MindSpore's own cache ran uninitialized weights: NaN losses)
+    cached, cached_log = _train(tmp_path, synthetic_root, "cached", *on, "seed=7")
+    cold, _ = _train(tmp_path, synthetic_root, "cold", "seed=7")
+    assert "loading the compiled graphs" in cached_log and "Use the compilation cache" in cached_log
+    assert len(cold) == 2 and cached == cold
+    assert [p.name for p in cache.iterdir()] == [published.name]  # the loading job wrote nothing into the cache
+
+
+def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compose) -> None:
+    key = compile_cache.cache_key(compose())
+    for host_only in ("seed=3", "data/augment=swin", "tracking=mlflow", "trainer.label_smoothing=0.2",
+                      "trainer.checkpoint.keep_last=5"):
+        assert compile_cache.cache_key(compose(host_only)) == key, host_only
+    for graph in ("trainer.clip_grad=1.0", "data.batch_size=4", "amp=o2", "model.qkv=fused",
+                  "optimizer.weight_decay=0.01", "trainer.accumulation_steps=2"):
+        assert compile_cache.cache_key(compose(graph)) != key, graph
+
+
+def test_off_by_default_and_leaves_mindspores_cache_alone(compose, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
+    assert compile_cache.enable(compose()) is None
+    assert "MS_COMPILER_CACHE_ENABLE" not in __import__("os").environ
+
+
+def test_a_job_publishes_its_graphs_once_and_never_over_another_jobs(tmp_path: Path) -> None:
+    shared = tmp_path / "0123456789abcdef"
+    first, second, empty = (tmp_path / name for name in (".a", ".b", ".c"))
+    for private, content in ((first, b"first"), (second, b"second")):
+        (private / "rank_0" / "graph_cache").mkdir(parents=True)
+        (private / "rank_0" / "graph_cache" / "compile_cache_0.mindir").write_bytes(content)
+    empty.mkdir()
+    compile_cache._publish(empty, shared)  # compiled nothing (e.g. failed before the first step): nothing to share
+    assert not shared.exists() and not empty.exists()
+    compile_cache._publish(first, shared)
+    compile_cache._publish(second, shared)  # finished later: the first job's cache stays, this copy is dropped
+    assert (shared / "rank_0" / "graph_cache" / "compile_cache_0.mindir").read_bytes() == b"first"
+    assert not first.exists() and not second.exists()
