@@ -2,6 +2,7 @@
 compile does; the cache directory is keyed by what shapes the graphs, and a shared directory is never written to."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compo
 def test_off_by_default_and_leaves_mindspores_cache_alone(compose, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
     assert compile_cache.enable(compose()) is None
-    assert "MS_COMPILER_CACHE_ENABLE" not in __import__("os").environ
+    assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
 
 
 def test_a_job_publishes_its_graphs_once_and_never_over_another_jobs(tmp_path: Path) -> None:

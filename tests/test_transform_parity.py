@@ -6,8 +6,6 @@ compared bit for bit: decode, resize + center crop, crop box -> resize -> flip, 
 """
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 from PIL import Image
@@ -46,16 +44,10 @@ def test_eval_transform_equals_timms_eval_transform(tmp_path, width: int, height
     assert np.array_equal(ours, expected)
 
 
-def test_normalization_equals_torchvisions_to_tensor_and_normalize() -> None:
-    img = Image.open(io.BytesIO(_jpeg_bytes())).convert("RGB")
+def test_normalization_equals_torchvisions_to_tensor_and_normalize(tmp_path) -> None:
+    img = load_rgb(_jpeg(tmp_path, 64, 48, seed=1))
     expected = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)(transforms.ToTensor()(img)).numpy()
     assert np.array_equal(to_normalized_chw(img), expected)
-
-
-def _jpeg_bytes() -> bytes:
-    buf = io.BytesIO()
-    Image.effect_noise((64, 48), 80).convert("RGB").save(buf, "JPEG", quality=85)
-    return buf.getvalue()
 
 
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])

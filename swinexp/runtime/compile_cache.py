@@ -62,15 +62,20 @@ def cache_key(cfg: DictConfig) -> str:
     """16 hex digits naming the compiled graphs of `cfg`: equal exactly when everything that shapes them is."""
     tree = OmegaConf.to_container(cfg, resolve=True)
     for dotted in HOST_ONLY:
-        *parents, leaf = dotted.split(".")
-        node = tree
-        for part in parents:
-            node = node.get(part, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+        _drop(tree, dotted)
     payload = json.dumps({"config": tree, "mindspore": ms.__version__, "swinexp": _source_digest()},
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    """Remove the key `dotted` ("trainer.checkpoint") from the nested dict `tree`, if it is there."""
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.get(part)
+        if not isinstance(tree, dict):
+            return
+    tree.pop(leaf, None)
 
 
 def enable(cfg: DictConfig) -> Path | None:
@@ -81,9 +86,9 @@ def enable(cfg: DictConfig) -> Path | None:
         when `hardware.compile_cache` is off.
     """
     hw = cfg.hardware
-    if not hw.get("compile_cache", False):
+    if not hw.compile_cache:
         return None
-    root = Path(hw.get("compile_cache_dir") or default_root()).expanduser()
+    root = Path(hw.compile_cache_dir or default_root()).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     shared = root / cache_key(cfg)
     private = Path(tempfile.mkdtemp(prefix=f".{shared.name}-", dir=root))
