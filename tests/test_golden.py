@@ -75,6 +75,11 @@ FORMULATIONS = [{"qkv": q, "patch_merging": m, "rel_pos_bias": b, "custom_bprop"
 FORMULATIONS += [{"qkv": q, "patch_merging": m, "rel_pos_bias": b, "custom_bprop": True}
                  for q, m, b in (("fused", "slice", "gather"), ("split", "reshape", "gather"),
                                  ("fused_split", "slice", "onehot"))]
+# mint.permute for every permutation: the cpu formulation, and the official one
+FORMULATIONS += [{"qkv": "split", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
+                  "permute": "mint"},
+                 {"qkv": "fused", "patch_merging": "slice", "rel_pos_bias": "gather", "custom_bprop": False,
+                  "permute": "mint"}]
 
 
 @pytest.mark.parametrize("formulation", FORMULATIONS,

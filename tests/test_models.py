@@ -31,9 +31,13 @@ from swinexp.models.swin import merge_2x2_reshape, merge_2x2_slice
 from swinexp.registry import ConfigError
 from tests.conftest import CONF_DIR
 
-# (qkv, patch_merging, rel_pos_bias, custom_bprop); the first is the official formulation with autodiff gradients
-SWITCHES = list(itertools.product(("fused", "split", "fused_split"), ("slice", "reshape"), ("gather", "onehot"),
-                                  (False, True)))
+# (qkv, patch_merging, rel_pos_bias, custom_bprop, permute); the first is the official formulation with autodiff
+# gradients; mint.permute with each qkv mode, so every permutation site (embedding, windows, heads, fused qkv, bias,
+# merging) runs on that kernel at least once
+SWITCHES = [(*combination, "transpose") for combination in itertools.product(
+    ("fused", "split", "fused_split"), ("slice", "reshape"), ("gather", "onehot"), (False, True))]
+SWITCHES += [("fused", "reshape", "gather", False, "mint"), ("split", "reshape", "onehot", True, "mint"),
+             ("fused_split", "slice", "gather", True, "mint")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -273,16 +277,17 @@ def official_layout() -> tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, 
     return x, state_of(model), outputs_and_grads(model, x)
 
 
-@pytest.mark.parametrize("qkv,merging,bias,custom_bprop", SWITCHES[1:])
+@pytest.mark.parametrize("qkv,merging,bias,custom_bprop,permute", SWITCHES[1:])
 def test_switch_combination_computes_the_official_function(
     official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
     qkv: str,
     merging: str,
     bias: str,
     custom_bprop: bool,
+    permute: str,
 ) -> None:
     x, state, (ref_out, ref_gx, ref_gp) = official_layout
-    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop)
+    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute)
     load_state(model, split_qkv(state) if qkv == "split" else state)
     out, gx, gp = outputs_and_grads(model, x)
     gp = fuse_qkv(gp) if qkv == "split" else gp
@@ -304,6 +309,7 @@ def test_switch_combination_computes_the_official_function(
         (dict(qkv="fuse"), "model.qkv='fuse' is not a known option; choose one of: fused, split, fused_split"),
         (dict(patch_merging="strided"), "model.patch_merging='strided'"),
         (dict(rel_pos_bias="table"), "choose one of: gather, onehot"),
+        (dict(permute="swap"), "model.permute='swap' is not a known option; choose one of: transpose, mint"),
         (dict(depths="22"), "model.depths='22'"),
         (dict(depths=(2, 2, 2)), "model.depths=[2, 2, 2] and model.num_heads=[2, 4]"),
         (dict(drop_path_rate=1.0), "model.drop_path_rate=1.0"),

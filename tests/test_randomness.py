@@ -125,7 +125,7 @@ def test_every_formulation_draws_the_same_masks() -> None:
     """The index-rewrite ablation changes the computation only: same sites, so same draws in every job."""
     formulations = [{"qkv": "fused", "patch_merging": "slice", "rel_pos_bias": "gather", "custom_bprop": False},
                     {"qkv": "split", "patch_merging": "reshape", "rel_pos_bias": "onehot", "custom_bprop": True},
-                    {"qkv": "fused_split"}]
+                    {"qkv": "fused_split", "permute": "mint"}]
     sites = {_micro(**f).random_sites for f in formulations}
     assert len(sites) == 1
 

@@ -125,7 +125,8 @@ def peers_table(timings: dict[str, Timing], cfg: DictConfig, flops: int, opts: O
     version = importlib.metadata.version("mindcv")
     formulation = {MINDCV: f"mindcv {version} `SwinTransformer` (separate q/k/v, one-hot bias, reshape merging)",
                    SWINEXP: "swinexp `SwinTransformer`, " + ", ".join(
-                       f"{key}={cfg.model[key]}" for key in ("qkv", "patch_merging", "rel_pos_bias", "custom_bprop"))}
+                       f"{key}={cfg.model[key]}" for key in ("qkv", "patch_merging", "rel_pos_bias", "custom_bprop",
+                                                                   "permute"))}
     if timm_runs:
         first = timm_runs[0]
         formulation[TIMM] = (f"timm {first.timm_version} `SwinTransformer`, PyTorch {first.torch_version} eager fp32, "

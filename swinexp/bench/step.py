@@ -38,7 +38,10 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "custom_bprop": ("model.custom_bprop=true",),
     # conf/model/formulation/cpu.yaml, what hardware=cpu trains with
     "cpu formulation": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                        "model.custom_bprop=true"),
+                        "model.custom_bprop=true", "model.permute=mint"),
+    # the cpu formulation with the faster permutation kernel that holds memory (layers.py)
+    "cpu, permute=transpose": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
+                               "model.custom_bprop=true", "model.permute=transpose"),
     "amp=o2": ("amp=o2",),
     "amp=o1_manual": ("amp=o1_manual",),
     # the cost of stochastic depth (masks drawn on the host and fed to the step): the ratio of `--variants baseline
@@ -48,7 +51,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_VARIANTS = tuple(name for name in PRESETS if name != "drop_path=0")
 # every variant starts from the official formulation with autodiff gradients in fp32; its own overrides win
-BASE = ("+model/rewrites=official", "model.custom_bprop=false", "amp=o0", "tracking=none")
+BASE = ("+model/rewrites=official", "model.custom_bprop=false", "model.permute=transpose", "amp=o0", "tracking=none")
 
 
 class WorkerFailed(RuntimeError):

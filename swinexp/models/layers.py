@@ -9,7 +9,7 @@ hand-written backward (`custom_bprop`), which is faster than MindSpore's autodif
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, mint, nn, ops
 from mindspore.common.initializer import Initializer
 
 from swinexp.models.randomness import keep_elements
@@ -22,9 +22,12 @@ __all__ = [
     "LastAxisSoftmax",
     "Linear",
     "Mlp",
+    "PERMUTE_MODES",
     "PatchEmbed",
     "TruncNormal",
     "dense",
+    "expand",
+    "permute",
     "relative_position_index",
     "roll_hw",
     "shifted_window_mask",
@@ -62,6 +65,31 @@ class TruncNormal(Initializer):
             values[out] = rng.standard_normal(int(out.sum()), dtype=np.float32) * np.float32(self.std)
             out = (values < self.a) | (values > self.b)
         arr[...] = values
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels that hold memory. On MindSpore 2.10's CPU backend some kernels keep about four output-sized buffers per
+# call for as long as the compiled graph runs (peak RSS of a forward-only chain of 8 calls on a (1024, 49, 96) fp32
+# tensor, BENCHMARKS.md): `ops.transpose`, every division (`/`, `ops.div`, `mint.div`), and an Add or Mul whose
+# operands differ in shape (a scalar aside). `mint.permute`, `ops.reciprocal`, `ops.broadcast_to` and elementwise
+# ops on equal shapes keep nothing. In Swin's train step they had added up to 2.7x the memory of timm's, so the model
+# broadcasts explicitly with `expand` before an elementwise op, and `model.permute` chooses the permutation kernel:
+# `mint.permute` keeps nothing but its backward is slower than `ops.transpose`'s on CPU (a trade, BENCHMARKS.md).
+
+
+def expand(small: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """`small` broadcast to `shape` as an op of its own, so the elementwise op that uses it sees equal shapes."""
+    return ops.broadcast_to(small, shape)
+
+
+PERMUTE_MODES = ("transpose", "mint")
+
+
+def permute(x: Tensor, axes: tuple[int, ...], mode: str = "transpose") -> Tensor:
+    """`x` with its axes reordered by `ops.transpose` (mode "transpose") or `mint.permute` ("mint"): one function."""
+    if mode == "mint":
+        return mint.permute(x, axes)
+    return ops.transpose(x, axes)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -151,7 +179,7 @@ class _SoftmaxFn(_FnCell):
     def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
         gy = dout * out
         s = self.reshape(self.row_sum(self.reshape(gy, (-1, x.shape[-1]))), x.shape[:-1] + (1,))  # (..., 1)
-        return (gy - out * s,)
+        return (gy - out * s.broadcast_to(out.shape),)  # explicit broadcast: see "Kernels that hold memory"
 
 
 class LastAxisSoftmax(nn.Softmax):
@@ -177,7 +205,7 @@ class AddBroadcast(_FnCell):
     """x + b where b's shape is x's trailing shape; the gradient of b sums over the leading axes with a MatMul."""
 
     def construct(self, x: Tensor, b: Tensor) -> Tensor:
-        return x + b
+        return x + expand(b, x.shape)
 
     def bprop(self, x: Tensor, b: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor, Tensor]:
         return dout, self.reshape(self.col_sum(self.reshape(dout, (-1, b.size))), b.shape)
@@ -244,12 +272,13 @@ def dense(in_features: int, out_features: int, has_bias: bool = True, custom_bpr
     return Linear(in_features, out_features, has_bias=has_bias, custom_bprop=custom_bprop)
 
 
-def window_partition(x: Tensor, window_size: int) -> Tensor:
+def window_partition(x: Tensor, window_size: int, permute_mode: str = "transpose") -> Tensor:
     """Split (B, H, W, C) into (B*nW, ws, ws, C) non-overlapping windows; H and W must divide by ws.
 
     Args:
         x: Channels-last feature map.
         window_size: Side of a square window.
+        permute_mode: The permutation kernel, one of PERMUTE_MODES.
 
     Returns:
         Windows ordered batch-major, then row-major over the window grid (the official order).
@@ -257,11 +286,11 @@ def window_partition(x: Tensor, window_size: int) -> Tensor:
     b, h, w, c = x.shape
     ws = window_size
     x = ops.reshape(x, (b, h // ws, ws, w // ws, ws, c))  # (B, H/ws, ws, W/ws, ws, C)
-    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))  # (B, H/ws, W/ws, ws, ws, C)
+    x = permute(x, (0, 1, 3, 2, 4, 5), permute_mode)  # (B, H/ws, W/ws, ws, ws, C)
     return ops.reshape(x, (-1, ws, ws, c))  # (B*nW, ws, ws, C)
 
 
-def window_reverse(windows: Tensor, window_size: int, h: int, w: int) -> Tensor:
+def window_reverse(windows: Tensor, window_size: int, h: int, w: int, permute_mode: str = "transpose") -> Tensor:
     """Inverse of `window_partition`: (B*nW, ws, ws, C) back to (B, H, W, C).
 
     Args:
@@ -269,6 +298,7 @@ def window_reverse(windows: Tensor, window_size: int, h: int, w: int) -> Tensor:
         window_size: Side of a square window.
         h: Height of the feature map.
         w: Width of the feature map.
+        permute_mode: The permutation kernel, one of PERMUTE_MODES.
 
     Returns:
         The reassembled channels-last feature map.
@@ -277,7 +307,7 @@ def window_reverse(windows: Tensor, window_size: int, h: int, w: int) -> Tensor:
     c = windows.shape[-1]
     b = windows.shape[0] // ((h // ws) * (w // ws))
     x = ops.reshape(windows, (b, h // ws, w // ws, ws, ws, c))  # (B, H/ws, W/ws, ws, ws, C)
-    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))  # (B, H/ws, ws, W/ws, ws, C)
+    x = permute(x, (0, 1, 3, 2, 4, 5), permute_mode)  # (B, H/ws, ws, W/ws, ws, C)
     return ops.reshape(x, (b, h, w, c))  # (B, H, W, C)
 
 
@@ -378,7 +408,7 @@ class DropPath(nn.Cell):
         """x (B, ...) times scale (B,) broadcast over the other axes; x itself when `scale` is None."""
         if scale is None or not self.training:
             return x
-        return x * ops.reshape(ops.cast(scale, x.dtype), (x.shape[0],) + (1,) * (x.ndim - 1))
+        return x * expand(ops.reshape(ops.cast(scale, x.dtype), (x.shape[0],) + (1,) * (x.ndim - 1)), x.shape)
 
     def extend_repr(self) -> str:
         return f"drop_prob={self.drop_prob}"
@@ -442,10 +472,13 @@ class PatchEmbed(nn.Cell):
         in_chans: Image channels.
         embed_dim: Token width.
         patch_norm: Whether to LayerNorm the tokens.
+        permute_mode: The permutation kernel, one of PERMUTE_MODES.
     """
 
-    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, patch_norm: bool) -> None:
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, patch_norm: bool,
+                 permute_mode: str = "transpose") -> None:
         super().__init__()
+        self.permute_mode = permute_mode
         self.img_size = img_size
         self.patch_size = patch_size
         self.patches_resolution = img_size // patch_size
@@ -458,7 +491,7 @@ class PatchEmbed(nn.Cell):
     def construct(self, x: Tensor) -> Tensor:
         x = self.proj(x)  # (B, C, H/p, W/p)
         b, c, h, w = x.shape
-        x = ops.transpose(ops.reshape(x, (b, c, h * w)), (0, 2, 1))  # (B, H/p*W/p, C)
+        x = permute(ops.reshape(x, (b, c, h * w)), (0, 2, 1), self.permute_mode)  # (B, H/p*W/p, C)
         if self.norm is not None:
             x = self.norm(x)
         return x

@@ -12,8 +12,12 @@ Three switches select equivalent formulations of the same function (the ablation
 - `patch_merging`: `slice` (strided slices + concat; official), `reshape` (reshape + transpose + reshape).
 - `rel_pos_bias`: `gather` (index the table; official), `onehot` (constant one-hot matrix @ table).
 
-A fourth, `custom_bprop`, keeps the forward and changes how gradients are computed: hand-written backward passes
-for GELU, softmax and the bias adds (layers.py) instead of MindSpore's autodiff kernels, which are slow on CPU.
+Two more keep the computation and change its kernels:
+
+- `custom_bprop`: hand-written backward passes for GELU, softmax and the bias adds (layers.py) instead of
+  MindSpore's autodiff kernels, which are slow on CPU.
+- `permute`: `transpose` (`ops.transpose`) or `mint` (`mint.permute`) for every axis permutation; on CPU the first
+  is faster, the second keeps no buffers for the graph's life (layers.py, BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from mindspore.common.initializer import initializer
 
 from swinexp.models.layers import (
     INIT_STD,
+    PERMUTE_MODES,
     AddBroadcast,
     DropPath,
     KeyedDropout,
@@ -37,6 +42,8 @@ from swinexp.models.layers import (
     PatchEmbed,
     TruncNormal,
     dense,
+    expand,
+    permute,
     relative_position_index,
     roll_hw,
     shifted_window_mask,
@@ -76,6 +83,7 @@ class WindowAttention(nn.Cell):
         rel_pos_bias: How the bias table is looked up, one of REL_POS_BIAS_MODES.
         custom_bprop: Hand-written backward passes for the projections, the bias + mask add and the softmax
             (see layers.py).
+        permute: The permutation kernel, one of PERMUTE_MODES.
     """
 
     def __init__(
@@ -89,10 +97,12 @@ class WindowAttention(nn.Cell):
         qkv: str = "fused",
         rel_pos_bias: str = "gather",
         custom_bprop: bool = False,
+        permute: str = "transpose",
     ) -> None:
         super().__init__()
         self.dim = dim
         self.window_size = window_size
+        self.permute_mode = permute
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -131,13 +141,13 @@ class WindowAttention(nn.Cell):
     def _heads(self, x: Tensor) -> Tensor:
         b_, n, _ = x.shape
         x = ops.reshape(x, (b_, n, self.num_heads, self.head_dim))  # (B_, N, heads, hd)
-        return ops.transpose(x, (0, 2, 1, 3))  # (B_, heads, N, hd)
+        return permute(x, (0, 2, 1, 3), self.permute_mode)  # (B_, heads, N, hd)
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b_, n, c = x.shape
         if self.qkv_mode == "fused":
             qkv = ops.reshape(self.qkv(x), (b_, n, 3, self.num_heads, self.head_dim))  # (B_, N, 3, heads, hd)
-            qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B_, heads, N, hd)
+            qkv = permute(qkv, (2, 0, 3, 1, 4), self.permute_mode)  # (3, B_, heads, N, hd)
             return qkv[0], qkv[1], qkv[2]
         if self.qkv_mode == "split":
             return self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
@@ -152,7 +162,7 @@ class WindowAttention(nn.Cell):
             bias = ops.matmul(ops.cast(self.relative_position_onehot, table.dtype), table)  # (N*N, heads)
         n = self.window_size * self.window_size
         bias = ops.reshape(bias, (n, n, self.num_heads))  # (N, N, heads)
-        return ops.transpose(bias, (2, 0, 1))  # (heads, N, N)
+        return permute(bias, (2, 0, 1), self.permute_mode)  # (heads, N, N)
 
     def construct(self, x: Tensor, mask: Tensor | None = None, attn_key: Tensor | None = None,
                   proj_key: Tensor | None = None) -> Tensor:
@@ -177,10 +187,11 @@ class WindowAttention(nn.Cell):
             bias = ops.cast(ops.reshape(mask, (nw, 1, n, n)), bias.dtype) + bias  # (nW, heads, N, N)
             attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
         bias = ops.cast(bias, attn.dtype)
-        attn = attn + bias if self.add_bias is None else self.add_bias(attn, bias)  # broadcast over B (and nW)
+        # broadcast over B (and nW)
+        attn = attn + expand(bias, attn.shape) if self.add_bias is None else self.add_bias(attn, bias)
         attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
         attn = self.attn_drop(self.softmax(attn), attn_key)
-        x = ops.transpose(self.av_matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
+        x = permute(self.av_matmul(attn, v), (0, 2, 1, 3), self.permute_mode)  # (B_, N, heads, hd)
         x = ops.reshape(x, (b_, n, c))  # (B_, N, C)
         return self.proj_drop(self.proj(x), proj_key)
 
@@ -205,6 +216,7 @@ class SwinTransformerBlock(nn.Cell):
         qkv: See WindowAttention.
         rel_pos_bias: See WindowAttention.
         custom_bprop: Hand-written backward passes (see WindowAttention and layers.Mlp).
+        permute: See WindowAttention.
         index: Position of the block in the whole model: its branches are rows 2*index (attention) and
             2*index + 1 (MLP) of `drop_scales`, its dropout cells rows 1 + 4*index ... 4 + 4*index of
             `dropout_keys` (attention weights, projection, MLP hidden, MLP output; row 0 is the embedding's).
@@ -225,16 +237,18 @@ class SwinTransformerBlock(nn.Cell):
         qkv: str = "fused",
         rel_pos_bias: str = "gather",
         custom_bprop: bool = False,
+        permute: str = "transpose",
         index: int = 0,
     ) -> None:
         super().__init__()
         self.dim = dim
+        self.permute_mode = permute
         self.input_resolution = input_resolution
         self.path_row, self.key_row = 2 * index, 1 + 4 * index
         self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
         self.norm1 = nn.LayerNorm((dim,), epsilon=1e-5)
         self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias,
-                                    custom_bprop)
+                                    custom_bprop, permute)
         # timm's drop_path1 / drop_path2: one cell per branch, fed its own row of draws
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else None
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else None
@@ -254,9 +268,9 @@ class SwinTransformerBlock(nn.Cell):
         shortcut = x
         x = ops.reshape(self.norm1(x), (b, r, r, c))  # (B, H, W, C)
         x = roll_hw(x, -self.shift_size)
-        x = ops.reshape(window_partition(x, ws), (-1, ws * ws, c))  # (B*nW, N, C)
+        x = ops.reshape(window_partition(x, ws, self.permute_mode), (-1, ws * ws, c))  # (B*nW, N, C)
         x = self.attn(x, self.attn_mask, _row(dropout_keys, k), _row(dropout_keys, k + 1))  # (B*nW, N, C)
-        x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r)  # (B, H, W, C)
+        x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r, self.permute_mode)  # (B, H, W, C)
         x = ops.reshape(roll_hw(x, self.shift_size), (b, length, c))  # (B, L, C)
         if self.drop_path1 is not None:
             x = self.drop_path1(x, _row(drop_scales, self.path_row))
@@ -306,11 +320,11 @@ def merge_2x2_slice(x: Tensor, h: int, w: int) -> Tensor:
     return ops.concat((x0, x1, x2, x3), -1)  # (B, H/2*W/2, 4C)
 
 
-def merge_2x2_reshape(x: Tensor, h: int, w: int) -> Tensor:
+def merge_2x2_reshape(x: Tensor, h: int, w: int, permute_mode: str = "transpose") -> Tensor:
     """Patch merging without slices; the same channel order x0, x1, x2, x3 as `merge_2x2_slice`."""
     b, _, c = x.shape
     x = ops.reshape(x, (b, h // 2, 2, w // 2, 2, c))  # (B, H/2, dh, W/2, dw, C)
-    x = ops.transpose(x, (0, 1, 3, 4, 2, 5))  # (B, H/2, W/2, dw, dh, C): channel block 2*dw + dh
+    x = permute(x, (0, 1, 3, 4, 2, 5), permute_mode)  # (B, H/2, W/2, dw, dh, C): channel block 2*dw + dh
     return ops.reshape(x, (b, (h // 2) * (w // 2), 4 * c))  # (B, H/2*W/2, 4C)
 
 
@@ -321,10 +335,12 @@ class PatchMerging(nn.Cell):
         input_resolution: Side of the square input map; even.
         dim: Input width C.
         mode: One of MERGING_MODES; both give the same function.
+        permute: The permutation kernel of the reshape mode, one of PERMUTE_MODES.
     """
 
-    def __init__(self, input_resolution: int, dim: int, mode: str = "slice") -> None:
+    def __init__(self, input_resolution: int, dim: int, mode: str = "slice", permute: str = "transpose") -> None:
         super().__init__()
+        self.permute_mode = permute
         self.input_resolution = input_resolution
         self.dim = dim
         self.mode = mode
@@ -336,7 +352,7 @@ class PatchMerging(nn.Cell):
         if self.mode == "slice":
             x = merge_2x2_slice(x, r, r)
         else:
-            x = merge_2x2_reshape(x, r, r)
+            x = merge_2x2_reshape(x, r, r, self.permute_mode)
         return self.reduction(self.norm(x))  # (B, H/2*W/2, 2C)
 
     def extend_repr(self) -> str:
@@ -362,6 +378,7 @@ class BasicLayer(nn.Cell):
         patch_merging: See PatchMerging.
         rel_pos_bias: See WindowAttention.
         custom_bprop: See SwinTransformerBlock.
+        permute: See WindowAttention.
         first_block: Model-wide index of the stage's first block (see SwinTransformerBlock's `index`).
     """
 
@@ -382,6 +399,7 @@ class BasicLayer(nn.Cell):
         patch_merging: str,
         rel_pos_bias: str,
         custom_bprop: bool = False,
+        permute: str = "transpose",
         first_block: int = 0,
     ) -> None:
         super().__init__()
@@ -401,12 +419,13 @@ class BasicLayer(nn.Cell):
                     qkv=qkv,
                     rel_pos_bias=rel_pos_bias,
                     custom_bprop=custom_bprop,
+                    permute=permute,
                     index=first_block + i,
                 )
                 for i in range(depth)
             ]
         )
-        self.downsample = PatchMerging(input_resolution, dim, patch_merging) if downsample else None
+        self.downsample = PatchMerging(input_resolution, dim, patch_merging, permute) if downsample else None
 
     def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
         for blk in self.blocks:
@@ -444,6 +463,7 @@ class SwinTransformer(nn.Cell):
             over an axis as MatMuls, GELU's derivative from its forward): the same function and gradients up to
             float rounding, faster where MindSpore's gradient kernels for them are slow (its CPU backend). See
             layers.py.
+        permute: Permutation kernel, one of "transpose" (`ops.transpose`), "mint" (`mint.permute`).
 
     Raises:
         ConfigError: If the arguments cannot build the official architecture; the message names the key.
@@ -470,6 +490,7 @@ class SwinTransformer(nn.Cell):
         patch_merging: str = "slice",
         rel_pos_bias: str = "gather",
         custom_bprop: bool = False,
+        permute: str = "transpose",
     ) -> None:
         super().__init__()
         depths, num_heads = _int_tuple("depths", depths), _int_tuple("num_heads", num_heads)
@@ -477,7 +498,7 @@ class SwinTransformer(nn.Cell):
             img_size, patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size, mlp_ratio,
             {"drop_rate": drop_rate, "attn_drop_rate": attn_drop_rate, "drop_path_rate": drop_path_rate},
             {"qkv": (qkv, QKV_MODES), "patch_merging": (patch_merging, MERGING_MODES),
-             "rel_pos_bias": (rel_pos_bias, REL_POS_BIAS_MODES)},
+             "rel_pos_bias": (rel_pos_bias, REL_POS_BIAS_MODES), "permute": (permute, PERMUTE_MODES)},
         )  # fmt: skip
         self.num_classes = num_classes
         self.num_layers = len(depths)
@@ -485,7 +506,7 @@ class SwinTransformer(nn.Cell):
         self.ape = ape
         self.num_features = embed_dim * 2 ** (self.num_layers - 1)
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute)
         resolution = self.patch_embed.patches_resolution
         if ape:
             self.absolute_pos_embed = Parameter(
@@ -513,6 +534,7 @@ class SwinTransformer(nn.Cell):
                     patch_merging=patch_merging,
                     rel_pos_bias=rel_pos_bias,
                     custom_bprop=custom_bprop,
+                    permute=permute,
                     first_block=sum(depths[:i]),
                 )
                 for i in range(self.num_layers)
