@@ -1,7 +1,8 @@
-"""`python -m swinexp.bench [step] [peers] [memory] [data] [overhead] [chaos] [key=value ...]`: benchmark tables.
+"""`python -m swinexp.bench [step] [peers] [memory] [kernels] [data] [overhead] [chaos] [key=value ...]`: tables.
 
     python -m swinexp.bench step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
     python -m swinexp.bench memory                             # peak RSS at batch 16: swinexp, MindCV, timm
+    python -m swinexp.bench kernels                            # memory MindSpore kernels hold, and the steps
     python -m swinexp.bench step --model swin_micro --batch 8 --img-size 64 --iters 5 --warmup 2
     python -m swinexp.bench step optimizer.lr=1e-4 --variants baseline "all three" "model.qkv=split amp=o2"
     python -m swinexp.bench step --max-resident 3              # hosts that cannot hold all compiled variants
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from swinexp.bench import chaos, data, memory, overhead, peers, step
+from swinexp.bench import chaos, data, kernels, memory, overhead, peers, step
 from swinexp.bench.harness import compose, quiet_cell_teardown, release_compiled
 from swinexp.bench.host import NotEnoughMemory
 from swinexp.bench.options import Options
@@ -33,8 +34,8 @@ from swinexp.registry import ConfigError
 from swinexp.runtime import hardware
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
-    "step": step.run, "peers": peers.run, "memory": memory.run, "data": data.run, "overhead": overhead.run,
-    "chaos": chaos.run}
+    "step": step.run, "peers": peers.run, "memory": memory.run, "kernels": kernels.run, "data": data.run,
+    "overhead": overhead.run, "chaos": chaos.run}
 
 
 def _parser() -> argparse.ArgumentParser:
