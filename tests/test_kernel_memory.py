@@ -30,3 +30,16 @@ def test_an_adamw_update_holds_no_division_buffers() -> None:
 def test_the_replacements_the_model_uses_hold_nothing(probe: str) -> None:
     # measured 0.71, 0.71, 0.46 outputs per call; the implicit forms 4.3
     assert kernels.held(probe) < 1.5
+
+
+def test_the_kernels_bench_prints_one_row_per_probe_with_its_unit() -> None:
+    result = kernels.run(None, ("mint.permute", "x / y"))
+    assert [row[0] for row in result.table.rows] == ["mint.permute", "x / y"]
+    assert all(row[2] == "outputs per call" for row in result.table.rows)
+    assert result.metrics["kernels/x / y"] > 4 * result.metrics["kernels/mint.permute"]
+    assert "| x / y |" in result.table.markdown()
+
+
+def test_an_unknown_probe_names_the_probes_there_are() -> None:
+    with pytest.raises(RuntimeError, match="unknown probe 'x // y'; choose from .*ops.transpose"):
+        kernels.held("x // y")
