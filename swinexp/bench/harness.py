@@ -5,7 +5,6 @@ import atexit
 import gc
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -14,6 +13,7 @@ from hydra import initialize_config_dir
 from mindspore import Tensor, nn
 from omegaconf import DictConfig
 
+from swinexp.bench.worker import IMPORT_ROOT
 from swinexp.build import build_amp, build_optimization, total_batch_size, trainer_cfg
 from swinexp.config import CONF_DIR
 from swinexp.engine.step import StepOutput, TrainStep, make_train_step
@@ -23,7 +23,6 @@ from swinexp.models.swin import SwinTransformer
 __all__ = ["CONF_DIR", "IMPORT_ROOT", "build_train_step", "compose", "forward_flops", "make_step_call",
            "quiet_cell_teardown", "random_batch", "release_compiled"]
 
-IMPORT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding `swinexp`: where worker processes start
 
 
 def compose(overrides: Sequence[str]) -> DictConfig:

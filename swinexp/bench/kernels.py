@@ -17,16 +17,16 @@ process's peak resident set only grows:
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from swinexp.bench.harness import IMPORT_ROOT
-from swinexp.bench.host import describe
+from swinexp.bench.host import describe, rss_gb
+from swinexp.bench.peak import peak_rss_gb
 from swinexp.bench.table import BenchResult, Table
 from swinexp.bench.timing import progress
+from swinexp.bench.worker import json_from_worker
 
 __all__ = ["KERNEL_PROBES", "WORKLOADS", "held", "run"]
 
@@ -87,14 +87,6 @@ BLOCKS = "swin blocks, permute="
 WORKLOADS = (f"{BLOCKS}mint", f"{BLOCKS}transpose", "adamw update")
 
 
-def _rss_gb(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field):
-                return int(line.split()[1]) / 2**20
-    return float("nan")
-
-
 def _kernel_growth(name: str) -> float:
     import mindspore as ms
     from mindspore import Tensor, nn
@@ -112,10 +104,10 @@ def _kernel_growth(name: str) -> float:
     row = Tensor(rng.random((SHAPE[0], 1, 1), np.float32))
     col = Tensor(rng.random((SHAPE[-1],), np.float32))
     chain = ms.jit(Chain())
-    before = _rss_gb("VmRSS:")
+    before = rss_gb()
     for _ in range(2):
         chain(x, y, row, col).asnumpy()
-    return (_rss_gb("VmHWM:") - before) / (x.nbytes / 2**30) / CALLS
+    return (peak_rss_gb() - before) / (x.nbytes / 2**30) / CALLS
 
 
 def _blocks_growth(permute: str, depth: int) -> float:
@@ -142,10 +134,10 @@ def _blocks_growth(permute: str, depth: int) -> float:
     grad = ms.jit(ms.value_and_grad(blocks, None, blocks.trainable_params()))
     x = Tensor(np.random.default_rng(0).standard_normal((BLOCK_BATCH, 56 * 56, 96), np.float32))
     drop_scales = Tensor(np.full((2 * depth, BLOCK_BATCH), 1.25, np.float32))
-    before = _rss_gb("VmRSS:")
+    before = rss_gb()
     for _ in range(2):
         grad(x, drop_scales)[0].asnumpy()
-    return _rss_gb("VmHWM:") - before
+    return peak_rss_gb() - before
 
 
 def _adamw_growth() -> float:
@@ -160,11 +152,11 @@ def _adamw_growth() -> float:
 
     optimizer = adamw(One(), lr=1e-3)
     grads = (Tensor(np.full((PARAM_SIZE // 1024, 1024), 0.5, np.float32)),)
-    before = _rss_gb("VmRSS:")
+    before = rss_gb()
     for _ in range(2):
         optimizer(grads)
     float(optimizer.parameters[0][0, 0].asnumpy())
-    return (_rss_gb("VmHWM:") - before) / (PARAM_SIZE * 4 / 2**30)
+    return (peak_rss_gb() - before) / (PARAM_SIZE * 4 / 2**30)
 
 
 def worker(probe: str) -> float:
@@ -184,11 +176,7 @@ def worker(probe: str) -> float:
 
 
 def _in_process(probe: str) -> float:
-    cmd = [sys.executable, "-m", "swinexp.bench.kernels", probe]
-    done = subprocess.run(cmd, cwd=IMPORT_ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the memory probe '{probe}' exited with {done.returncode}:\n{done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+    return float(json_from_worker("swinexp.bench.kernels", [probe], f"the memory probe '{probe}'", TIMEOUT_S))
 
 
 def held(probe: str) -> float:

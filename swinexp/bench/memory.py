@@ -9,14 +9,13 @@ and takes three steps; the figure is the process's peak resident set (VmHWM, `pe
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swinexp.bench import peers
-from swinexp.bench.harness import IMPORT_ROOT, build_train_step, compose, quiet_cell_teardown, random_batch
+from swinexp.bench.harness import build_train_step, compose, quiet_cell_teardown, random_batch
 from swinexp.bench.host import describe, rss_gb
 from swinexp.bench.options import Options
 from swinexp.bench.peak import peak_rss_gb
@@ -24,6 +23,7 @@ from swinexp.bench.peers import MINDCV, SWINEXP, TIMM
 from swinexp.bench.table import BenchResult, Table
 from swinexp.bench.timing import progress
 from swinexp.bench.timm_peer import reference_installed, run_in_process
+from swinexp.bench.worker import json_from_worker
 
 __all__ = ["Peak", "main", "run"]
 
@@ -66,11 +66,8 @@ def worker(peer: str, overrides: Sequence[str]) -> Peak:
 
 
 def _in_process(peer: str, overrides: Sequence[str]) -> Peak:
-    cmd = [sys.executable, "-m", "swinexp.bench.memory", peer, *overrides]
-    done = subprocess.run(cmd, cwd=IMPORT_ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the {peer} memory process exited with {done.returncode}:\n{done.stderr[-3000:]}")
-    return Peak(**json.loads(done.stdout.strip().splitlines()[-1]))
+    return Peak(**json_from_worker("swinexp.bench.memory", [peer, *overrides], f"the {peer} memory process",
+                                   TIMEOUT_S))
 
 
 def run(opts: Options) -> BenchResult | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from swinexp.bench.peak import peak_rss_gb
+from swinexp.bench.worker import json_from_worker
 
 __all__ = ["TimmSettings", "TimmTiming", "measure", "reference_installed", "run_in_process", "torch_environment"]
 
@@ -135,12 +135,8 @@ def torch_environment() -> dict[str, str]:
 
 def run_in_process(settings: TimmSettings) -> TimmTiming:
     """`measure` in a fresh Python process (this one may hold MindSpore)."""
-    cmd = [sys.executable, "-m", "swinexp.bench.timm_peer", json.dumps(asdict(settings))]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-                          env=torch_environment())
-    if done.returncode != 0:
-        raise RuntimeError(f"the timm peer process exited with {done.returncode}:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json_from_worker("swinexp.bench.timm_peer", [json.dumps(asdict(settings))], "the timm peer process",
+                              TIMEOUT_S, env=torch_environment())
     return TimmTiming(**{**result, "seconds": tuple(result["seconds"])})
 
 
