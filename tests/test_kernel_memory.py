@@ -21,9 +21,10 @@ def test_swin_blocks_with_mint_permute_hold_half_of_what_they_held() -> None:
     assert kernels.held(f"{kernels.BLOCKS}mint") < 34.0
 
 
-def test_an_adamw_update_holds_no_division_buffers() -> None:
-    # measured, in parameter sizes: 8.3 now; 20.3 with the two parameter-sized divisions
-    assert kernels.held("adamw update") < 14.0
+def test_an_adamw_update_holds_little_more_than_its_two_moments() -> None:
+    # measured, in parameter sizes: 2.3 with the fused AdamWeightDecay kernel (m and v are 2 of them); 8.3 with
+    # ~20 elementwise ops per parameter, 20.3 when two of those were parameter-sized divisions
+    assert kernels.held("adamw update") < 4.0
 
 
 @pytest.mark.parametrize("probe", ["x + expand(b)", "x * expand(s)", "x * ops.reciprocal(y)"])
