@@ -244,8 +244,10 @@ class TrainStep:
                 clean = all_sum(ops.cast(ops.logical_not(clean), ms.float32)) == 0
             if not (unscaled and count == 1.0):  # decided when the graph is built: no pass of x1.0 over every grad
                 grads = scale_all(grads, 1.0 / (scale * count))
-            finite = ops.logical_and(all_finite(grads), clean)
             norm = global_norm(grads)
+            # finite norm <=> finite gradients (short of a norm above 1.8e19, a diverged run), and no second pass
+            # over every gradient: all_finite's per-parameter checks cost ~1.5 s of compile and ~0.15 s per step
+            finite = ops.logical_and(ops.isfinite(norm), clean)
             if finite:
                 if clip_grad is not None:
                     grads = clip_by_global_norm(grads, norm, clip_grad)
