@@ -164,8 +164,10 @@ def test_peers_without_mindcv_says_how_to_install_and_exits_0(monkeypatch: pytes
 def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
     from swinexp.bench.timm_peer import reference_installed
 
-    assert main(["data", "--images", "16", "--batch", "8", "--img-size", "32", "--workers", "1", "--iters", "1"]) == 0
+    assert main(["data", "--images", "16", "--batch", "8", "--img-size", "32", "--source-size", "48x36",
+                 "--workers", "1", "--iters", "1"]) == 0
     out = capsys.readouterr()
+    assert "to 48 x 36 px (JPEG q90), output 32 px" in out.out
     ((header, rows),) = tables(out.out)
     for row in rows:
         assert all(v > 0 for v in numbers(header, row, ("median (images/s)", "min (images/s)", "max (images/s)")))
@@ -177,6 +179,11 @@ def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixtur
         assert re.search(r"swinexp / timm images/s.*swin train \d+\.\d+, eval \d+\.\d+", out.out)
     else:
         assert len(rows) == 4 and timm_rows == [] and "pip install -e '.[reference]'" in out.err
+
+
+def test_a_bad_source_size_is_refused_before_any_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["step", "data", "--source-size", "500 by 375"]) == 2
+    assert "--source-size='500 by 375': give width x height in pixels, e.g. 500x375" in capsys.readouterr().err
 
 
 def test_overhead_times_startup_phases_and_mlflow(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@
     python -m swinexp.bench step optimizer.lr=1e-4 --variants baseline "all three" "model.qkv=split amp=o2"
     python -m swinexp.bench step --max-resident 3              # hosts that cannot hold all compiled variants
     python -m swinexp.bench data --images 512 --workers 2
+    python -m swinexp.bench data --source-size 500x375          # ImageNet-sized JPEGs, cropped to 224
     python -m swinexp.bench overhead --mlflow                  # also log the table as an MLflow run
     python -m swinexp.bench chaos --kills 30                   # SIGKILL + resume a training 30 times
 """
@@ -62,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="step: at most this many compiled variants per process (reference included); "
                              "0 = all in one process (default)")
     parser.add_argument("--images", type=int, default=512, help="data: JPEG files per split (default: 512)")
+    parser.add_argument("--source-size", metavar="WxH",
+                        help="data: size of the JPEGs the pipelines decode, e.g. 500x375 as an ImageNet photo "
+                             "(default: --img-size square)")
     parser.add_argument("--workers", type=int, default=2, help="data: measure 1..N pipeline workers (default: 2)")
     parser.add_argument("--kills", type=int, default=3, help="chaos: SIGKILLs of the training (default: 3)")
     parser.add_argument("--mlflow", action="store_true", help="log the tables and figures as an MLflow run "
@@ -85,9 +89,11 @@ def parse(argv: Sequence[str]) -> tuple[list[str], Options, argparse.Namespace]:
                    iters=args.iters, warmup=args.warmup, seed=args.seed,
                    overrides=tuple(item for item in args.items if item not in names),
                    variants=tuple(args.variants), max_resident=args.max_resident, images=args.images,
-                   workers=args.workers, kills=args.kills)
+                   source_size=args.source_size, workers=args.workers, kills=args.kills)
     if opts.kills < 1:
         raise ConfigError(f"--kills={opts.kills} must be >= 1")
+    if opts.source_size is not None:
+        data.parse_size(opts.source_size)  # a bad size fails here, not after the other sub-benchmarks ran
     if opts.iters < 1 or opts.warmup < 0:
         raise ConfigError(f"--iters={opts.iters} must be >= 1 and --warmup={opts.warmup} >= 0")
     return list(dict.fromkeys(names)) or ["step"], opts, args

@@ -1,7 +1,8 @@
 """`data`: images/s of the input pipeline (the `swin` train recipe and the eval transform) for 1..N workers.
 
 Input: the first `--images` CIFAR-10 train JPEGs from ../shared (drawn shapes when that tar is absent), resized to
-`--img-size` and re-encoded as JPEG (quality 90) into a temporary ImageFolder of 10 class folders. Each timed
+`--source-size` (default: `--img-size` square; 500x375 is an ImageNet-sized photo) and re-encoded as JPEG
+(quality 90) into a temporary ImageFolder of 10 class folders. Each timed
 iteration is one full epoch of one pipeline; pipelines take turns (round-robin) and the first epoch of each is
 untimed, so worker start-up is not counted. The in-process rows decode and transform in a plain Python loop without
 MindSpore: the single-core ceiling. With the `reference` extra installed, timm's ImageDataset and transforms run the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,6 +33,7 @@ from swinexp.data.decode import load_rgb
 from swinexp.data.pipeline import Loader
 from swinexp.data.synthetic import SHAPES, draw_image
 from swinexp.data.transforms import EvalTransform, Transform
+from swinexp.registry import ConfigError
 
 __all__ = ["CIFAR_TRAIN", "NO_TIMM_MESSAGE", "run", "source_images"]
 
@@ -41,21 +44,29 @@ NO_TIMM_MESSAGE = ("data: no timm rows: install the reference extra with pip ins
 PIPELINES = {"train": "swin train", "eval": "eval"}
 
 
-def source_images(count: int, size: int) -> Iterator[Image.Image]:
-    """`count` RGB images of side `size`: CIFAR-10 train JPEGs upscaled (bicubic), or drawn shapes without the tar."""
+def parse_size(text: str) -> tuple[int, int]:
+    """'WxH' -> (W, H)."""
+    match = re.fullmatch(r"(\d+)x(\d+)", text.strip())
+    if not match or min(int(match[1]), int(match[2])) < 1:
+        raise ConfigError(f"--source-size={text!r}: give width x height in pixels, e.g. 500x375")
+    return int(match[1]), int(match[2])
+
+
+def source_images(count: int, size: tuple[int, int]) -> Iterator[Image.Image]:
+    """`count` RGB images of `size` (W, H): CIFAR-10 train JPEGs upscaled (bicubic), or drawn shapes without the tar."""
     if CIFAR_TRAIN.is_file():
         with tarfile.open(CIFAR_TRAIN) as tar:
             members = (m for m in tar if m.isfile() and m.name.endswith(".jpg"))
             for member in itertools.islice(members, count):
                 img = Image.open(io.BytesIO(tar.extractfile(member).read())).convert("RGB")
-                yield img.resize((size, size), Image.Resampling.BICUBIC)
+                yield img.resize(size, Image.Resampling.BICUBIC)
         return
     names = list(SHAPES)
     for i in range(count):
-        yield draw_image(np.random.default_rng(i), names[i % len(names)], size)
+        yield draw_image(np.random.default_rng(i), names[i % len(names)], max(size)).resize(size)
 
 
-def write_folder(root: Path, count: int, size: int) -> None:
+def write_folder(root: Path, count: int, size: tuple[int, int]) -> None:
     """The same images as train/ and val/ of an ImageFolder with CLASSES class folders."""
     for i, img in enumerate(source_images(count, size)):
         for split in ("train", "val"):
@@ -132,10 +143,11 @@ def timm_ratios(metrics: dict[str, float]) -> dict[str, float]:
 def run(opts: Options) -> BenchResult:
     """The `data` sub-benchmark."""
     img_size, batch = opts.img_size or 224, opts.batch or 64
+    source_size = parse_size(opts.source_size) if opts.source_size else (img_size, img_size)
     if opts.images < max(batch, CLASSES):
         raise ValueError(f"--images={opts.images} must be >= --batch={batch} and >= {CLASSES}")
     with tempfile.TemporaryDirectory() as tmp:
-        write_folder(Path(tmp), opts.images, img_size)
+        write_folder(Path(tmp), opts.images, source_size)
         spec = imagefolder(tmp, num_classes=CLASSES, img_size=img_size, batch_size=batch, num_workers=1,
                            crop_pct=0.875)
         with_timm = reference_installed()
@@ -154,7 +166,8 @@ def run(opts: Options) -> BenchResult:
     ratios = timm_ratios(metrics)
     metrics.update(ratios)
     source = "CIFAR-10 train JPEGs upscaled" if CIFAR_TRAIN.is_file() else "drawn-shape JPEGs"
-    title = (f"Input pipeline, {opts.images} {source} to {img_size} px (JPEG q90), output {img_size} px; "
+    title = (f"Input pipeline, {opts.images} {source} to {source_size[0]} x {source_size[1]} px (JPEG q90), "
+             f"output {img_size} px; "
              f"{opts.iters} timed epochs per row after one untimed, round-robin; {describe()}")
     notes = ["swin train: RandomResizedCrop bicubic + flip, RandAugment rand-m9-mstd0.5-inc1, normalize, "
              "RandomErasing 0.25, Mixup 0.8 / CutMix 1.0 with label smoothing 0.1 (Loader rows; the in-process "

@@ -23,6 +23,7 @@ class Options:
         max_resident: step: variants compiled per process (0 = all in this process); each group of at most this
             many runs in its own process with the reference first, for hosts too small to hold them all.
         images: data: JPEG files per split.
+        source_size: data: "WxH" of those JPEGs (e.g. 500x375, an ImageNet-sized photo); None: img_size square.
         workers: data: measure 1..workers pipeline workers.
         kills: chaos: SIGKILLs of the training, each followed by a resume.
     """
@@ -38,6 +39,7 @@ class Options:
     variants: tuple[str, ...] = ()
     max_resident: int = 0
     images: int = 512
+    source_size: str | None = None
     workers: int = 2
     kills: int = 3
 
@@ -52,7 +54,8 @@ class Options:
         argv = [f"--num-classes={self.num_classes}", f"--iters={self.iters}", f"--warmup={self.warmup}",
                 f"--seed={self.seed}", f"--images={self.images}", f"--workers={self.workers}",
                 f"--kills={self.kills}"]
-        for flag, value in (("--model", self.model), ("--batch", self.batch), ("--img-size", self.img_size)):
+        for flag, value in (("--model", self.model), ("--batch", self.batch), ("--img-size", self.img_size),
+                            ("--source-size", self.source_size)):
             if value is not None:
                 argv.append(f"{flag}={value}")
         if self.variants:
