@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from mindspore.amp import all_finite
+from mindspore.amp import DynamicLossScaler, all_finite
 
 from swinexp.amp import AmpPolicy
 from swinexp.models.randomness import RandomSites, draw, philox_key
@@ -229,6 +229,7 @@ class TrainStep:
     def _update_fn(self, optimizer: nn.Optimizer, clip_grad: float | None, ema_decay: float | None,
                    distributed: bool, unscaled: bool) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
         scaler, params, ema = self.scaler, self.params, self.ema
+        adjusts_scale = isinstance(scaler, DynamicLossScaler)  # a static scaler's adjust() does nothing
         advance = ops.AssignAdd()
         if distributed:
             reduce_grads = nn.DistributedGradReducer(params, mean=True)
@@ -258,7 +259,8 @@ class TrainStep:
                 # a skipped step still advances the LR schedule, as the official loop's step_update on every
                 # iteration; the update count behind AdamW's bias correction stays (optim.AdamW.update_steps)
                 advance(optimizer.global_step, optimizer.global_step_increase_tensor)
-            scaler.adjust(finite)
+            if adjusts_scale:  # a no-op adjust left in the graph made MindSpore warn that it eliminated it
+                scaler.adjust(finite)
             return norm, ops.logical_not(finite), scale
 
         return apply_update
