@@ -40,7 +40,7 @@ def _adamw_update_param(beta1: Tensor, beta2: Tensor, adam_eps: Tensor, lr_facto
                         lr: Tensor, weight_decay: Tensor, param: Parameter, m: Parameter, v: Parameter,
                         grad: Tensor) -> Tensor:
     # one fused kernel per parameter (m, v and the parameter in one pass; see AdamW for the arguments): written
-    # as ~20 elementwise ops per parameter, compiling the update was a third of swin_tiny's first step
+    # as ~20 elementwise ops per parameter, the update alone compiled for 21 s on swin_tiny (BENCHMARKS.md)
     return _adam_weight_decay(param, m, v, lr * lr_factor, beta1, beta2, adam_eps, weight_decay * decay_factor,
                               ops.cast(grad, param.dtype))
 
@@ -49,7 +49,7 @@ UPDATE_STEPS = "adam_update_steps"
 
 
 class AdamW(nn.Optimizer):
-    """AdamW with bias correction, as torch.optim.AdamW (MindSpore's AdamWeightDecay has no bias correction).
+    """torch.optim.AdamW, bias correction included, on MindSpore's fused AdamWeightDecay kernel (which has none).
 
     Two counters, as in the official loop: `global_step` counts optimizer steps attempted and indexes the LR
     schedule (the train step advances it on an fp16-overflow skip too), `update_steps` counts the updates taken

@@ -2,9 +2,9 @@
 
 Input: the first `--images` CIFAR-10 train JPEGs from ../shared (drawn shapes when that tar is absent), resized to
 `--source-size` (default: `--img-size` square; 500x375 is an ImageNet-sized photo) and re-encoded as JPEG
-(quality 90) into a temporary ImageFolder of 10 class folders. Each timed
-iteration is one full epoch of one pipeline; pipelines take turns (round-robin) and the first epoch of each is
-untimed, so worker start-up is not counted. The in-process rows decode and transform in a plain Python loop without
+(quality 90) into a temporary ImageFolder of 10 class folders. Each timed iteration is one full epoch of one
+pipeline; pipelines take turns (round-robin) and the first epoch of each is untimed, so worker start-up is not
+counted. The in-process rows decode and transform in a plain Python loop without
 MindSpore: the single-core ceiling. With the `reference` extra installed, timm's ImageDataset and transforms run the
 same loop over the same files (`timm_data`), taking turns with swinexp's, and a note gives the per-image ratios.
 """
