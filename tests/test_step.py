@@ -146,6 +146,19 @@ def test_clip_by_global_norm_leaves_small_gradients_alone() -> None:
     assert float(global_norm(clip_by_global_norm(grads, norm, 10.0))) == pytest.approx(5.0)
 
 
+def test_global_norm_is_the_float64_norm_of_every_gradient_and_sees_non_finite_ones() -> None:
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((96, 3, 4, 4), (384,), (169, 3), (), (7, 5))]
+    expected = np.sqrt(sum(np.sum(a.astype(np.float64) ** 2) for a in arrays))
+    grads = tuple(Tensor(a) for a in arrays)
+    assert float(global_norm(grads)) == pytest.approx(expected, rel=1e-6)
+    half = tuple(Tensor(a.astype(np.float16)) for a in arrays)  # fp16 gradients are summed in fp32
+    assert float(global_norm(half)) == pytest.approx(expected, rel=1e-3)
+    for bad in (np.inf, -np.inf, np.nan):
+        arrays[2][5, 1] = bad
+        assert not np.isfinite(float(global_norm(tuple(Tensor(a) for a in arrays))))
+
+
 def test_ema_follows_the_weights_per_optimizer_step_and_swaps() -> None:
     net = _dense()
     step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.5), AmpPolicy("O0"), None,

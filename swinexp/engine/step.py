@@ -55,9 +55,14 @@ _accumulate = ops.MultitypeFuncGraph("accumulate")
 _clear = ops.MultitypeFuncGraph("clear")
 
 
+_dot_self = ops.MatMul(transpose_b=True)
+
+
 @_square_sum.register("Tensor")
 def _square_sum_tensor(grad: Tensor) -> Tensor:
-    return ops.sum(ops.square(ops.cast(grad, ms.float32)))
+    """sum(grad ** 2) in fp32 as a (1, 1) tensor: a (1, n) x (n, 1) MatMul."""
+    flat = ops.reshape(ops.cast(grad, ms.float32), (1, -1))
+    return _dot_self(flat, flat)
 
 
 @_times.register("Tensor", "Tensor")
@@ -81,8 +86,13 @@ def _clear_tensor(assign_sub: ops.Primitive, buf: Parameter) -> Tensor:
 
 
 def global_norm(grads: tuple[Tensor, ...]) -> Tensor:
-    """L2 norm of all gradients together, in fp32."""
-    return ops.sqrt(ops.addn(_map(_square_sum, grads)))
+    """L2 norm of all gradients together, in fp32.
+
+    Each square sum is a dot product (a MatMul), kept (1, 1) until the total: on MindSpore 2.10's CPU backend
+    ReduceSum(Square(g)) over swin_tiny's gradients took ~160 ms per step, these ~26 ms, and compile as fast
+    (BENCHMARKS.md).
+    """
+    return ops.reshape(ops.sqrt(ops.addn(_map(_square_sum, grads))), ())
 
 
 def scale_all(grads: tuple[Tensor, ...], factor: Tensor) -> tuple[Tensor, ...]:
