@@ -151,12 +151,14 @@ def test_global_norm_is_the_float64_norm_of_every_gradient_and_sees_non_finite_o
     arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((96, 3, 4, 4), (384,), (169, 3), (), (7, 5))]
     expected = np.sqrt(sum(np.sum(a.astype(np.float64) ** 2) for a in arrays))
     grads = tuple(Tensor(a) for a in arrays)
-    assert float(global_norm(grads)) == pytest.approx(expected, rel=1e-6)
     half = tuple(Tensor(a.astype(np.float16)) for a in arrays)  # fp16 gradients are summed in fp32
-    assert float(global_norm(half)) == pytest.approx(expected, rel=1e-3)
+    for dot in (False, True):  # ReduceSums, or the dot products the CPU step uses
+        assert float(global_norm(grads, dot)) == pytest.approx(expected, rel=1e-6)
+        assert float(global_norm(half, dot)) == pytest.approx(expected, rel=1e-3)
     for bad in (np.inf, -np.inf, np.nan):
         arrays[2][5, 1] = bad
-        assert not np.isfinite(float(global_norm(tuple(Tensor(a) for a in arrays))))
+        for dot in (False, True):
+            assert not np.isfinite(float(global_norm(tuple(Tensor(a) for a in arrays), dot)))
 
 
 def test_ema_follows_the_weights_per_optimizer_step_and_swaps() -> None:

@@ -55,11 +55,17 @@ _accumulate = ops.MultitypeFuncGraph("accumulate")
 _clear = ops.MultitypeFuncGraph("clear")
 
 
+_dot_square_sum = ops.MultitypeFuncGraph("dot_square_sum")
 _dot_self = ops.MatMul(transpose_b=True)
 
 
 @_square_sum.register("Tensor")
 def _square_sum_tensor(grad: Tensor) -> Tensor:
+    return ops.sum(ops.square(ops.cast(grad, ms.float32)))
+
+
+@_dot_square_sum.register("Tensor")
+def _dot_square_sum_tensor(grad: Tensor) -> Tensor:
     """sum(grad ** 2) in fp32 as a (1, 1) tensor: a (1, n) x (n, 1) MatMul."""
     flat = ops.reshape(ops.cast(grad, ms.float32), (1, -1))
     return _dot_self(flat, flat)
@@ -85,14 +91,18 @@ def _clear_tensor(assign_sub: ops.Primitive, buf: Parameter) -> Tensor:
     return assign_sub(buf, buf)  # clear by subtraction: no second, all-zeros buffer
 
 
-def global_norm(grads: tuple[Tensor, ...]) -> Tensor:
+def global_norm(grads: tuple[Tensor, ...], dot: bool = False) -> Tensor:
     """L2 norm of all gradients together, in fp32.
 
-    Each square sum is a dot product (a MatMul), kept (1, 1) until the total: on MindSpore 2.10's CPU backend
-    ReduceSum(Square(g)) over swin_tiny's gradients took ~160 ms per step, these ~26 ms, and compile as fast
-    (BENCHMARKS.md).
+    Args:
+        grads: The gradients.
+        dot: Square sums as dot products (MatMuls) kept (1, 1) until the total, for CPUs: on MindSpore 2.10's CPU
+            backend ReduceSum(Square(g)) over swin_tiny's gradients took ~160 ms per step, these ~26 ms, and
+            compile as fast (BENCHMARKS.md). Not on accelerators, whose fp32 MatMuls may compute in lower precision.
     """
-    return ops.reshape(ops.sqrt(ops.addn(_map(_square_sum, grads))), ())
+    if dot:
+        return ops.reshape(ops.sqrt(ops.addn(_map(_dot_square_sum, grads))), ())
+    return ops.sqrt(ops.addn(_map(_square_sum, grads)))
 
 
 def scale_all(grads: tuple[Tensor, ...], factor: Tensor) -> tuple[Tensor, ...]:
@@ -241,6 +251,7 @@ class TrainStep:
         scaler, params, ema = self.scaler, self.params, self.ema
         adjusts_scale = isinstance(scaler, DynamicLossScaler)  # a static scaler's adjust() does nothing
         advance = ops.AssignAdd()
+        dot_norm = ms.get_context("device_target") == "CPU"  # see global_norm
         if distributed:
             reduce_grads = nn.DistributedGradReducer(params, mean=True)
             all_sum = ops.AllReduce(ops.ReduceOp.SUM)
@@ -255,7 +266,7 @@ class TrainStep:
                 clean = all_sum(ops.cast(ops.logical_not(clean), ms.float32)) == 0
             if not (unscaled and count == 1.0):  # decided when the graph is built: no pass of x1.0 over every grad
                 grads = scale_all(grads, 1.0 / (scale * count))
-            norm = global_norm(grads)
+            norm = global_norm(grads, dot_norm)
             # finite norm <=> finite gradients (short of a norm above 1.8e19, a diverged run), and no second pass
             # over every gradient: all_finite's per-parameter checks cost ~1.5 s of compile and ~0.15 s per step
             finite = ops.logical_and(ops.isfinite(norm), clean)
