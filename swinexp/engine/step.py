@@ -100,9 +100,8 @@ def global_norm(grads: tuple[Tensor, ...], dot: bool = False) -> Tensor:
             backend ReduceSum(Square(g)) over swin_tiny's gradients took ~160 ms per step, these ~26 ms, and
             compile as fast (BENCHMARKS.md). Not on accelerators, whose fp32 MatMuls may compute in lower precision.
     """
-    if dot:
-        return ops.reshape(ops.sqrt(ops.addn(_map(_dot_square_sum, grads))), ())
-    return ops.sqrt(ops.addn(_map(_square_sum, grads)))
+    square_sum = _dot_square_sum if dot else _square_sum
+    return ops.reshape(ops.sqrt(ops.addn(_map(square_sum, grads))), ())
 
 
 def scale_all(grads: tuple[Tensor, ...], factor: Tensor) -> tuple[Tensor, ...]:
