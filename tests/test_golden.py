@@ -75,11 +75,16 @@ FORMULATIONS = [{"qkv": q, "patch_merging": m, "rel_pos_bias": b, "custom_bprop"
 FORMULATIONS += [{"qkv": q, "patch_merging": m, "rel_pos_bias": b, "custom_bprop": True}
                  for q, m, b in (("fused", "slice", "gather"), ("split", "reshape", "gather"),
                                  ("fused_split", "slice", "onehot"))]
-# mint.permute for every permutation: the cpu formulation, and the official one
+# mint.permute for every permutation: the cpu formulation before row Gathers, and the official one
 FORMULATIONS += [{"qkv": "split", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
                   "permute": "mint"},
                  {"qkv": "fused", "patch_merging": "slice", "rel_pos_bias": "gather", "custom_bprop": False,
                   "permute": "mint"}]
+# row Gathers: the cpu formulation, and with fused qkv (its 5-D permutation falls back to ops.transpose)
+FORMULATIONS += [{"qkv": "split", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
+                  "permute": "gather"},
+                 {"qkv": "fused", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
+                  "permute": "gather"}]
 
 
 @pytest.mark.parametrize("formulation", FORMULATIONS,

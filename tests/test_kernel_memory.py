@@ -16,9 +16,11 @@ def test_a_kernel_that_holds_buffers_is_told_apart_from_one_that_does_not() -> N
     assert kernels.held("mint.permute") < 0.5
 
 
-def test_swin_blocks_with_mint_permute_hold_half_of_what_they_held() -> None:
-    # measured per block, in block inputs: 22.6 now; 46 with ops.transpose; 59 before the explicit broadcasts
-    assert kernels.held(f"{kernels.BLOCKS}mint") < 34.0
+@pytest.mark.parametrize("mode", ["mint", "gather"])
+def test_swin_blocks_with_mint_permute_or_row_gathers_hold_half_of_what_they_held(mode: str) -> None:
+    # measured per block, in block inputs: 27.3 (mint) and 27.4 (gather) now; 22.6 (mint) before the hand-written
+    # LayerNorm; 46-52 with ops.transpose; 59 before the explicit broadcasts
+    assert kernels.held(f"{kernels.BLOCKS}{mode}") < 34.0
 
 
 def test_an_adamw_update_holds_little_more_than_its_two_moments() -> None:

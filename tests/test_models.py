@@ -18,8 +18,10 @@ from swinexp.models.layers import (
     AddBroadcast,
     DropPath,
     ExactGELU,
+    LastAxisLayerNorm,
     LastAxisSoftmax,
     Linear,
+    Permute,
     relative_position_index,
     roll_hw,
     shifted_window_mask,
@@ -38,6 +40,8 @@ SWITCHES = [(*combination, "transpose") for combination in itertools.product(
     ("fused", "split", "fused_split"), ("slice", "reshape"), ("gather", "onehot"), (False, True))]
 SWITCHES += [("fused", "reshape", "gather", False, "mint"), ("split", "reshape", "onehot", True, "mint"),
              ("fused_split", "slice", "gather", True, "mint")]
+# row Gathers for the permutations that keep the first and last axis, ops.transpose for the others (fused qkv)
+SWITCHES += [("split", "reshape", "gather", True, "gather"), ("fused", "reshape", "onehot", False, "gather")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -223,12 +227,21 @@ def _linear(custom_bprop: bool) -> Linear:
     return cell
 
 
+def _layer_norm(custom_bprop: bool) -> LastAxisLayerNorm:
+    cell = LastAxisLayerNorm(16, custom_bprop)
+    rng = np.random.default_rng(3)  # not the ones/zeros init, so a swapped gamma/beta gradient shows
+    cell.gamma.set_data(Tensor(rng.standard_normal(16).astype(np.float32)))
+    cell.beta.set_data(Tensor(rng.standard_normal(16).astype(np.float32)))
+    return cell
+
+
 @pytest.mark.parametrize("make,shape", [
     (lambda custom: ExactGELU(custom), (3, 5, 16)),
+    (_layer_norm, (3, 5, 16)),
     (lambda custom: LastAxisSoftmax(custom), (2, 3, 9, 9)),
     (_linear, (2, 5, 8)),
     (lambda custom: _AddBias((3, 9, 9), AddBroadcast() if custom else None), (4, 2, 3, 9, 9)),
-], ids=["gelu", "softmax", "linear", "add_broadcast"])
+], ids=["gelu", "layer_norm", "softmax", "linear", "add_broadcast"])
 def test_custom_bprop_cells_match_autodiff(make: Callable[[bool], ms.nn.Cell], shape: tuple[int, ...]) -> None:
     """Each hand-written backward gives autodiff's input and parameter gradients, after the same forward."""
     rng = np.random.default_rng(0)
@@ -247,6 +260,19 @@ def test_custom_bprop_cells_match_autodiff(make: Callable[[bool], ms.nn.Cell], s
         results.append([out.asnumpy(), gx.asnumpy(), *(g.asnumpy() for g in gp)])
     for ref, got in zip(*results):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("axes", [(0, 2, 1, 3), (0, 1, 3, 2, 4, 5), (0, 3, 1, 2, 4), (2, 0, 3, 1, 4), (0, 2, 1)])
+def test_gather_permutation_is_the_transpose_with_the_transposed_gradient(axes: tuple[int, ...]) -> None:
+    """Row Gathers when the first and last axes stay (the last three fall back to ops.transpose); both exact."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 4, 5, 6, 7)[: len(axes)]).astype(np.float32)
+    upstream = rng.standard_normal(x.transpose(axes).shape).astype(np.float32)
+    reorder = Permute("gather")
+    out = reorder(Tensor(x), axes)
+    grad = ms.grad(lambda t: (reorder(t, axes) * Tensor(upstream)).sum())(Tensor(x))
+    np.testing.assert_array_equal(out.asnumpy(), x.transpose(axes))
+    np.testing.assert_array_equal(grad.asnumpy(), upstream.transpose(np.argsort(axes)))
 
 
 def test_exact_gelu_is_torchs_erf_formula() -> None:
@@ -309,7 +335,7 @@ def test_switch_combination_computes_the_official_function(
         (dict(qkv="fuse"), "model.qkv='fuse' is not a known option; choose one of: fused, split, fused_split"),
         (dict(patch_merging="strided"), "model.patch_merging='strided'"),
         (dict(rel_pos_bias="table"), "choose one of: gather, onehot"),
-        (dict(permute="swap"), "model.permute='swap' is not a known option; choose one of: transpose, mint"),
+        (dict(permute="swap"), "model.permute='swap' is not a known option; choose one of: transpose, mint, gather"),
         (dict(depths="22"), "model.depths='22'"),
         (dict(depths=(2, 2, 2)), "model.depths=[2, 2, 2] and model.num_heads=[2, 4]"),
         (dict(drop_path_rate=1.0), "model.drop_path_rate=1.0"),

@@ -84,7 +84,7 @@ def _kernel_ops() -> dict[str, Callable]:
 KERNEL_PROBES = ("x + y (same shape)", "x * 0.5 (a scalar)", "ops.transpose", "mint.permute", "x / y",
                  "x * ops.reciprocal(y)", "x + b, b (96,)", "x + expand(b)", "x * s, s (1024, 1, 1)", "x * expand(s)")
 BLOCKS = "swin blocks, permute="
-WORKLOADS = (f"{BLOCKS}mint", f"{BLOCKS}transpose", "adamw update")
+WORKLOADS = (f"{BLOCKS}mint", f"{BLOCKS}gather", f"{BLOCKS}transpose", "adamw update")
 
 
 def _kernel_growth(name: str) -> float:

@@ -3,8 +3,8 @@
 Everything here is a faithful MindSpore port of the helpers in microsoft/Swin-Transformer
 (models/swin_transformer.py) and timm. Tensors are channels-last (B, H, W, C) inside the
 stages, as in the official code. The numpy helpers build the constants once at init.
-`Linear`, `ExactGELU`, `LastAxisSoftmax` and `AddBroadcast` compute the official function with an optional
-hand-written backward (`custom_bprop`), which is faster than MindSpore's autodiff kernels on CPU.
+`Linear`, `ExactGELU`, `LastAxisSoftmax`, `LastAxisLayerNorm` and `AddBroadcast` compute the official function
+with an optional hand-written backward (`custom_bprop`), which is faster than MindSpore's autodiff kernels on CPU.
 """
 from __future__ import annotations
 
@@ -19,16 +19,19 @@ __all__ = [
     "DropPath",
     "ExactGELU",
     "KeyedDropout",
+    "LastAxisLayerNorm",
     "LastAxisSoftmax",
     "Linear",
     "Mlp",
     "PERMUTE_MODES",
     "PatchEmbed",
+    "Permute",
     "TruncNormal",
     "dense",
     "expand",
-    "permute",
     "relative_position_index",
+    "reorder_axes",
+    "row_order",
     "roll_hw",
     "shifted_window_mask",
     "stage_windows",
@@ -73,8 +76,9 @@ class TruncNormal(Initializer):
 # tensor, BENCHMARKS.md): `ops.transpose`, every division (`/`, `ops.div`, `mint.div`), and an Add or Mul whose
 # operands differ in shape (a scalar aside). `mint.permute`, `ops.reciprocal`, `ops.broadcast_to` and elementwise
 # ops on equal shapes keep nothing. In Swin's train step they had added up to 2.7x the memory of timm's, so the model
-# broadcasts explicitly with `expand` before an elementwise op, and `model.permute` chooses the permutation kernel:
-# `mint.permute` keeps nothing but its backward is slower than `ops.transpose`'s on CPU (a trade, BENCHMARKS.md).
+# broadcasts explicitly with `expand` before an elementwise op, and `model.permute` chooses the permutation kernel
+# (`Permute`): `mint.permute` keeps nothing but is slow on CPU (its copies to contiguous memory go element by
+# element), `gather` copies whole rows with one Gather, as fast as `ops.transpose` and holding nothing.
 
 
 def expand(small: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -82,14 +86,22 @@ def expand(small: Tensor, shape: tuple[int, ...]) -> Tensor:
     return ops.broadcast_to(small, shape)
 
 
-PERMUTE_MODES = ("transpose", "mint")
+PERMUTE_MODES = ("transpose", "mint", "gather")
 
 
-def permute(x: Tensor, axes: tuple[int, ...], mode: str = "transpose") -> Tensor:
-    """`x` with its axes reordered by `ops.transpose` (mode "transpose") or `mint.permute` ("mint"): one function."""
-    if mode == "mint":
-        return mint.permute(x, axes)
-    return ops.transpose(x, axes)
+def row_order(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For a permutation `axes` of `shape` that keeps its first and last axis, viewed as (shape[0], rows, shape[-1]):
+    the input row each output row takes, and the inverse order (which undoes it)."""
+    inner = shape[1:-1]
+    order = np.arange(int(np.prod(inner))).reshape(inner).transpose([a - 1 for a in axes[1:-1]]).reshape(-1)
+    return order.astype(np.int32), np.argsort(order).astype(np.int32)
+
+
+def reorder_axes(x: Tensor, axes: tuple[int, ...], reorder: nn.Cell | None = None) -> Tensor:
+    """`x` with its axes reordered by `reorder` (a `Permute`), or by `ops.transpose` when it is None."""
+    if reorder is None:
+        return ops.transpose(x, axes)
+    return reorder(x, axes)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -102,8 +114,10 @@ def permute(x: Tensor, axes: tuple[int, ...], mode: str = "transpose") -> Tensor
 # (a ReduceSum over a 4-D tensor) is ~25% slower than with a MatMul row sum. Each cell below is a parameterless
 # "function cell": it takes the weights as inputs (so its owner keeps the official parameter names), computes the
 # same forward, and has a `bprop` that sums over rows or columns with MatMuls and reuses forward intermediates:
-# the same gradients up to float rounding (tests/test_models.py). LayerNormGrad is slow as well, but a hand-written
-# LayerNorm backward needs ~9 elementwise passes and measured no faster in a Swin block, so it is not here.
+# the same gradients up to float rounding (tests/test_models.py). LayerNormGrad is slow as well: `_LayerNormFn`
+# writes LayerNorm without a broadcasting elementwise op, as those run 3-10x slower than same-shape ones on this
+# backend, widening every (R, 1) or (C,) operand by a K=1 MatMul instead (forward + backward of a (12544, 96) input
+# ~30 ms -> ~7 ms; its backward's temporaries cost ~0.6 GiB of swin_tiny's peak at batch 16, BENCHMARKS.md).
 # The `bprop` bodies use only `self`'s methods and primitives and Tensor methods, no module globals: MindSpore's
 # O1 AMP (its `rewrite` module) copies a cell's bprop source into a generated module without this one's names.
 
@@ -124,6 +138,14 @@ class _FnCell(nn.Cell):
     def col_sum(self, x: Tensor) -> Tensor:
         """(R, C) -> (C,) sums over the first axis."""
         return self.reshape(self.matmul(self.ones((1, x.shape[0]), x.dtype), x), (x.shape[-1],))
+
+    def widen(self, col: Tensor, width: int) -> Tensor:
+        """(R, 1) -> (R, width), each row repeating its value."""
+        return self.matmul(col, self.ones((1, width), col.dtype))
+
+    def tile_rows(self, vec: Tensor, rows: int) -> Tensor:
+        """(C,) -> (rows, C), each row a copy of `vec`."""
+        return self.matmul(self.ones((rows, 1), vec.dtype), self.reshape(vec, (1, -1)))
 
 
 class _GeluFn(_FnCell):
@@ -201,6 +223,117 @@ class LastAxisSoftmax(nn.Softmax):
         return self.fn(x)
 
 
+class _GatherRowsFn(nn.Cell):
+    """(x (B, R, C), order, inverse) -> x[:, order]: a permutation of rows, whose backward gathers by `inverse`.
+
+    `Permute("gather")`: on CPU one Gather of contiguous rows is ~4x faster than `ops.transpose` forward and
+    backward, ~50x faster than `mint.permute` (whose backward copies element by element), and holds no buffers.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gather = ops.Gather()
+        self.zeros_like = ops.ZerosLike()
+
+    def construct(self, x: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
+        return self.gather(x, order, 1)
+
+    def bprop(self, x: Tensor, order: Tensor, inverse: Tensor, out: Tensor,
+              dout: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.gather(dout, inverse, 1), self.zeros_like(order), self.zeros_like(inverse)
+
+
+class Permute(nn.Cell):
+    """Reorder axes: one function, the kernel one of PERMUTE_MODES (`model.permute`).
+
+    "transpose" is `ops.transpose`, "mint" `mint.permute`; "gather" copies whole rows of the last axis with one
+    Gather (`_GatherRowsFn`) when the permutation keeps the first and the last axis (windows, heads, merging), and is
+    `ops.transpose` otherwise. A cell, so that the Gather's hand-written backward is a subcell of the model.
+
+    Args:
+        mode: One of PERMUTE_MODES.
+    """
+
+    def __init__(self, mode: str = "transpose") -> None:
+        super().__init__()
+        self.mode = mode
+        self.rows = _GatherRowsFn() if mode == "gather" else None
+
+    def construct(self, x: Tensor, axes: tuple[int, ...]) -> Tensor:
+        if self.mode == "mint":
+            return mint.permute(x, axes)
+        if self.rows is None or axes[0] != 0 or axes[-1] != len(axes) - 1:
+            return ops.transpose(x, axes)
+        shape = x.shape
+        order, inverse = row_order(shape, axes)  # numpy on static shapes: constants of the compiled graph
+        rows = self.rows(ops.reshape(x, (shape[0], -1, shape[-1])), Tensor(order), Tensor(inverse))
+        return ops.reshape(rows, tuple(shape[a] for a in axes))
+
+    def extend_repr(self) -> str:
+        return f"mode={self.mode}"
+
+
+class _LayerNormFn(_FnCell):
+    """LayerNorm over the last axis of (R, C), returning (y, mean, 1/std), the (R, 1) statistics the backward needs.
+
+    Two-pass statistics as MindSpore's and torch's kernels (mean, then the mean square of x - mean); the backward
+    recomputes x_hat from x and the two columns, and is dx = (g - mean(g) - x_hat * mean(g * x_hat)) / std with
+    g = dy * gamma.
+    """
+
+    def __init__(self, epsilon: float) -> None:
+        super().__init__()
+        self.rsqrt = ops.Rsqrt()
+        self.epsilon = epsilon
+
+    def construct(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows, width = x.shape
+        mean = self.row_sum(x) * (1.0 / width)  # (R, 1)
+        centred = x - self.widen(mean, width)
+        inv_std = self.rsqrt(self.row_sum(centred * centred) * (1.0 / width) + self.epsilon)  # (R, 1)
+        x_hat = centred * self.widen(inv_std, width)
+        return x_hat * self.tile_rows(gamma, rows) + self.tile_rows(beta, rows), mean, inv_std
+
+    def bprop(self, x: Tensor, gamma: Tensor, beta: Tensor, out: tuple, dout: tuple) -> tuple[Tensor, ...]:
+        dy, mean, inv_std = dout[0], out[1], out[2]
+        rows, width = x.shape
+        inv_std_wide = self.widen(inv_std, width)
+        x_hat = (x - self.widen(mean, width)) * inv_std_wide
+        gamma_rows = self.tile_rows(gamma, rows)
+        dy_x_hat = dy * x_hat
+        g = dy * gamma_rows
+        mean_g = self.widen(self.row_sum(g) * (1.0 / width), width)
+        mean_g_x_hat = self.widen(self.row_sum(dy_x_hat * gamma_rows) * (1.0 / width), width)
+        dx = (g - mean_g - x_hat * mean_g_x_hat) * inv_std_wide
+        return dx, self.col_sum(dy_x_hat), self.col_sum(dy)
+
+
+class LastAxisLayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` over the last axis (parameters `gamma`, `beta`); optionally `_LayerNormFn`'s computation.
+
+    A subclass of `nn.LayerNorm`, so AMP cell lists and MindSpore's O2 black list still keep it in fp32.
+
+    Args:
+        width: Size of the normalised last axis.
+        custom_bprop: Use `_LayerNormFn` (MatMul sums and broadcasts, hand-written backward) instead of the
+            LayerNorm primitive and LayerNormGrad.
+        epsilon: Added to the variance.
+    """
+
+    def __init__(self, width: int, custom_bprop: bool = False, epsilon: float = 1e-5) -> None:
+        super().__init__((width,), epsilon=epsilon)
+        self.fn = _LayerNormFn(epsilon) if custom_bprop else None
+
+    def construct(self, x: Tensor) -> Tensor:
+        # as nn.LayerNorm: parameters cast to the input's dtype (so amp o3 normalises in fp16, and the cast's
+        # autodiff returns the fp32 parameters' gradients in fp32); no super().construct (see ExactGELU)
+        gamma, beta = ops.cast(self.gamma, x.dtype), ops.cast(self.beta, x.dtype)
+        if self.fn is None:
+            return self.layer_norm(x, gamma, beta)[0]
+        shape = x.shape
+        return ops.reshape(self.fn(ops.reshape(x, (-1, shape[-1])), gamma, beta)[0], shape)
+
+
 class AddBroadcast(_FnCell):
     """x + b where b's shape is x's trailing shape; the gradient of b sums over the leading axes with a MatMul."""
 
@@ -272,13 +405,13 @@ def dense(in_features: int, out_features: int, has_bias: bool = True, custom_bpr
     return Linear(in_features, out_features, has_bias=has_bias, custom_bprop=custom_bprop)
 
 
-def window_partition(x: Tensor, window_size: int, permute_mode: str = "transpose") -> Tensor:
+def window_partition(x: Tensor, window_size: int, reorder: nn.Cell | None = None) -> Tensor:
     """Split (B, H, W, C) into (B*nW, ws, ws, C) non-overlapping windows; H and W must divide by ws.
 
     Args:
         x: Channels-last feature map.
         window_size: Side of a square window.
-        permute_mode: The permutation kernel, one of PERMUTE_MODES.
+        reorder: The permutation kernel (a `Permute`); None: `ops.transpose`.
 
     Returns:
         Windows ordered batch-major, then row-major over the window grid (the official order).
@@ -286,11 +419,11 @@ def window_partition(x: Tensor, window_size: int, permute_mode: str = "transpose
     b, h, w, c = x.shape
     ws = window_size
     x = ops.reshape(x, (b, h // ws, ws, w // ws, ws, c))  # (B, H/ws, ws, W/ws, ws, C)
-    x = permute(x, (0, 1, 3, 2, 4, 5), permute_mode)  # (B, H/ws, W/ws, ws, ws, C)
+    x = reorder_axes(x, (0, 1, 3, 2, 4, 5), reorder)  # (B, H/ws, W/ws, ws, ws, C)
     return ops.reshape(x, (-1, ws, ws, c))  # (B*nW, ws, ws, C)
 
 
-def window_reverse(windows: Tensor, window_size: int, h: int, w: int, permute_mode: str = "transpose") -> Tensor:
+def window_reverse(windows: Tensor, window_size: int, h: int, w: int, reorder: nn.Cell | None = None) -> Tensor:
     """Inverse of `window_partition`: (B*nW, ws, ws, C) back to (B, H, W, C).
 
     Args:
@@ -298,7 +431,7 @@ def window_reverse(windows: Tensor, window_size: int, h: int, w: int, permute_mo
         window_size: Side of a square window.
         h: Height of the feature map.
         w: Width of the feature map.
-        permute_mode: The permutation kernel, one of PERMUTE_MODES.
+        reorder: The permutation kernel (a `Permute`); None: `ops.transpose`.
 
     Returns:
         The reassembled channels-last feature map.
@@ -307,7 +440,7 @@ def window_reverse(windows: Tensor, window_size: int, h: int, w: int, permute_mo
     c = windows.shape[-1]
     b = windows.shape[0] // ((h // ws) * (w // ws))
     x = ops.reshape(windows, (b, h // ws, w // ws, ws, ws, c))  # (B, H/ws, W/ws, ws, ws, C)
-    x = permute(x, (0, 1, 3, 2, 4, 5), permute_mode)  # (B, H/ws, ws, W/ws, ws, C)
+    x = reorder_axes(x, (0, 1, 3, 2, 4, 5), reorder)  # (B, H/ws, ws, W/ws, ws, C)
     return ops.reshape(x, (b, h, w, c))  # (B, H, W, C)
 
 
@@ -473,12 +606,13 @@ class PatchEmbed(nn.Cell):
         embed_dim: Token width.
         patch_norm: Whether to LayerNorm the tokens.
         permute_mode: The permutation kernel, one of PERMUTE_MODES.
+        custom_bprop: `LastAxisLayerNorm`'s hand-written LayerNorm.
     """
 
     def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, patch_norm: bool,
-                 permute_mode: str = "transpose") -> None:
+                 permute_mode: str = "transpose", custom_bprop: bool = False) -> None:
         super().__init__()
-        self.permute_mode = permute_mode
+        self.reorder = Permute(permute_mode)
         self.img_size = img_size
         self.patch_size = patch_size
         self.patches_resolution = img_size // patch_size
@@ -486,12 +620,12 @@ class PatchEmbed(nn.Cell):
         self.proj = nn.Conv2d(
             in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, pad_mode="valid", has_bias=True
         )
-        self.norm = nn.LayerNorm((embed_dim,), epsilon=1e-5) if patch_norm else None
+        self.norm = LastAxisLayerNorm(embed_dim, custom_bprop) if patch_norm else None
 
     def construct(self, x: Tensor) -> Tensor:
         x = self.proj(x)  # (B, C, H/p, W/p)
         b, c, h, w = x.shape
-        x = permute(ops.reshape(x, (b, c, h * w)), (0, 2, 1), self.permute_mode)  # (B, H/p*W/p, C)
+        x = self.reorder(ops.reshape(x, (b, c, h * w)), (0, 2, 1))  # (B, H/p*W/p, C)
         if self.norm is not None:
             x = self.norm(x)
         return x

@@ -14,10 +14,11 @@ Three switches select equivalent formulations of the same function (the ablation
 
 Two more keep the computation and change its kernels:
 
-- `custom_bprop`: hand-written backward passes for GELU, softmax and the bias adds (layers.py) instead of
-  MindSpore's autodiff kernels, which are slow on CPU.
-- `permute`: `transpose` (`ops.transpose`) or `mint` (`mint.permute`) for every axis permutation; on CPU the first
-  is faster, the second keeps no buffers for the graph's life (layers.py, BENCHMARKS.md).
+- `custom_bprop`: hand-written backward passes for GELU, softmax, LayerNorm and the bias adds (layers.py) instead
+  of MindSpore's autodiff kernels, which are slow on CPU.
+- `permute`: `transpose` (`ops.transpose`), `mint` (`mint.permute`) or `gather` (whole rows of the last axis by one
+  Gather where a permutation keeps the first and last axes) for the axis permutations; on CPU the first holds
+  buffers for the graph's life, the second is slow, the third neither (layers.py `Permute`, BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -36,15 +37,17 @@ from swinexp.models.layers import (
     AddBroadcast,
     DropPath,
     KeyedDropout,
+    LastAxisLayerNorm,
     LastAxisSoftmax,
     Linear,
     Mlp,
     PatchEmbed,
+    Permute,
     TruncNormal,
     dense,
     expand,
-    permute,
     relative_position_index,
+    reorder_axes,
     roll_hw,
     shifted_window_mask,
     stage_windows,
@@ -102,7 +105,10 @@ class WindowAttention(nn.Cell):
         super().__init__()
         self.dim = dim
         self.window_size = window_size
-        self.permute_mode = permute
+        self.reorder = Permute(permute)
+        # q, k and v split into heads with mint.permute in the gather mode too: Gathers there raised the train
+        # step's peak memory by ~0.8 GiB (swin_tiny, batch 16, BENCHMARKS.md); the merge after attention gathers
+        self.split_heads = Permute("mint" if permute == "gather" else permute)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -141,13 +147,13 @@ class WindowAttention(nn.Cell):
     def _heads(self, x: Tensor) -> Tensor:
         b_, n, _ = x.shape
         x = ops.reshape(x, (b_, n, self.num_heads, self.head_dim))  # (B_, N, heads, hd)
-        return permute(x, (0, 2, 1, 3), self.permute_mode)  # (B_, heads, N, hd)
+        return self.split_heads(x, (0, 2, 1, 3))  # (B_, heads, N, hd)
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b_, n, c = x.shape
         if self.qkv_mode == "fused":
             qkv = ops.reshape(self.qkv(x), (b_, n, 3, self.num_heads, self.head_dim))  # (B_, N, 3, heads, hd)
-            qkv = permute(qkv, (2, 0, 3, 1, 4), self.permute_mode)  # (3, B_, heads, N, hd)
+            qkv = self.reorder(qkv, (2, 0, 3, 1, 4))  # (3, B_, heads, N, hd)
             return qkv[0], qkv[1], qkv[2]
         if self.qkv_mode == "split":
             return self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
@@ -162,7 +168,7 @@ class WindowAttention(nn.Cell):
             bias = ops.matmul(ops.cast(self.relative_position_onehot, table.dtype), table)  # (N*N, heads)
         n = self.window_size * self.window_size
         bias = ops.reshape(bias, (n, n, self.num_heads))  # (N, N, heads)
-        return permute(bias, (2, 0, 1), self.permute_mode)  # (heads, N, N)
+        return self.reorder(bias, (2, 0, 1))  # (heads, N, N)
 
     def construct(self, x: Tensor, mask: Tensor | None = None, attn_key: Tensor | None = None,
                   proj_key: Tensor | None = None) -> Tensor:
@@ -191,7 +197,7 @@ class WindowAttention(nn.Cell):
         attn = attn + expand(bias, attn.shape) if self.add_bias is None else self.add_bias(attn, bias)
         attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
         attn = self.attn_drop(self.softmax(attn), attn_key)
-        x = permute(self.av_matmul(attn, v), (0, 2, 1, 3), self.permute_mode)  # (B_, N, heads, hd)
+        x = self.reorder(self.av_matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
         x = ops.reshape(x, (b_, n, c))  # (B_, N, C)
         return self.proj_drop(self.proj(x), proj_key)
 
@@ -215,7 +221,7 @@ class SwinTransformerBlock(nn.Cell):
         drop_path: Stochastic depth rate of each residual branch; the two branches draw independently.
         qkv: See WindowAttention.
         rel_pos_bias: See WindowAttention.
-        custom_bprop: Hand-written backward passes (see WindowAttention and layers.Mlp).
+        custom_bprop: Hand-written backward passes (see WindowAttention, layers.Mlp and layers.LastAxisLayerNorm).
         permute: See WindowAttention.
         index: Position of the block in the whole model: its branches are rows 2*index (attention) and
             2*index + 1 (MLP) of `drop_scales`, its dropout cells rows 1 + 4*index ... 4 + 4*index of
@@ -242,17 +248,17 @@ class SwinTransformerBlock(nn.Cell):
     ) -> None:
         super().__init__()
         self.dim = dim
-        self.permute_mode = permute
+        self.reorder = Permute(permute)
         self.input_resolution = input_resolution
         self.path_row, self.key_row = 2 * index, 1 + 4 * index
         self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
-        self.norm1 = nn.LayerNorm((dim,), epsilon=1e-5)
+        self.norm1 = LastAxisLayerNorm(dim, custom_bprop)
         self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias,
                                     custom_bprop, permute)
         # timm's drop_path1 / drop_path2: one cell per branch, fed its own row of draws
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else None
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else None
-        self.norm2 = nn.LayerNorm((dim,), epsilon=1e-5)
+        self.norm2 = LastAxisLayerNorm(dim, custom_bprop)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop, custom_bprop)
         if self.shift_size > 0:
             mask = shifted_window_mask(input_resolution, input_resolution, self.window_size, self.shift_size)
@@ -268,9 +274,9 @@ class SwinTransformerBlock(nn.Cell):
         shortcut = x
         x = ops.reshape(self.norm1(x), (b, r, r, c))  # (B, H, W, C)
         x = roll_hw(x, -self.shift_size)
-        x = ops.reshape(window_partition(x, ws, self.permute_mode), (-1, ws * ws, c))  # (B*nW, N, C)
+        x = ops.reshape(window_partition(x, ws, self.reorder), (-1, ws * ws, c))  # (B*nW, N, C)
         x = self.attn(x, self.attn_mask, _row(dropout_keys, k), _row(dropout_keys, k + 1))  # (B*nW, N, C)
-        x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r, self.permute_mode)  # (B, H, W, C)
+        x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r, self.reorder)  # (B, H, W, C)
         x = ops.reshape(roll_hw(x, self.shift_size), (b, length, c))  # (B, L, C)
         if self.drop_path1 is not None:
             x = self.drop_path1(x, _row(drop_scales, self.path_row))
@@ -320,11 +326,11 @@ def merge_2x2_slice(x: Tensor, h: int, w: int) -> Tensor:
     return ops.concat((x0, x1, x2, x3), -1)  # (B, H/2*W/2, 4C)
 
 
-def merge_2x2_reshape(x: Tensor, h: int, w: int, permute_mode: str = "transpose") -> Tensor:
+def merge_2x2_reshape(x: Tensor, h: int, w: int, reorder: nn.Cell | None = None) -> Tensor:
     """Patch merging without slices; the same channel order x0, x1, x2, x3 as `merge_2x2_slice`."""
     b, _, c = x.shape
     x = ops.reshape(x, (b, h // 2, 2, w // 2, 2, c))  # (B, H/2, dh, W/2, dw, C)
-    x = permute(x, (0, 1, 3, 4, 2, 5), permute_mode)  # (B, H/2, W/2, dw, dh, C): channel block 2*dw + dh
+    x = reorder_axes(x, (0, 1, 3, 4, 2, 5), reorder)  # (B, H/2, W/2, dw, dh, C): channel block 2*dw + dh
     return ops.reshape(x, (b, (h // 2) * (w // 2), 4 * c))  # (B, H/2*W/2, 4C)
 
 
@@ -336,23 +342,25 @@ class PatchMerging(nn.Cell):
         dim: Input width C.
         mode: One of MERGING_MODES; both give the same function.
         permute: The permutation kernel of the reshape mode, one of PERMUTE_MODES.
+        custom_bprop: `LastAxisLayerNorm`'s hand-written LayerNorm.
     """
 
-    def __init__(self, input_resolution: int, dim: int, mode: str = "slice", permute: str = "transpose") -> None:
+    def __init__(self, input_resolution: int, dim: int, mode: str = "slice", permute: str = "transpose",
+                 custom_bprop: bool = False) -> None:
         super().__init__()
-        self.permute_mode = permute
+        self.reorder = Permute(permute)
         self.input_resolution = input_resolution
         self.dim = dim
         self.mode = mode
         self.reduction = dense(4 * dim, 2 * dim, has_bias=False)
-        self.norm = nn.LayerNorm((4 * dim,), epsilon=1e-5)
+        self.norm = LastAxisLayerNorm(4 * dim, custom_bprop)
 
     def construct(self, x: Tensor) -> Tensor:
         r = self.input_resolution
         if self.mode == "slice":
             x = merge_2x2_slice(x, r, r)
         else:
-            x = merge_2x2_reshape(x, r, r, self.permute_mode)
+            x = merge_2x2_reshape(x, r, r, self.reorder)
         return self.reduction(self.norm(x))  # (B, H/2*W/2, 2C)
 
     def extend_repr(self) -> str:
@@ -425,7 +433,8 @@ class BasicLayer(nn.Cell):
                 for i in range(depth)
             ]
         )
-        self.downsample = PatchMerging(input_resolution, dim, patch_merging, permute) if downsample else None
+        self.downsample = (PatchMerging(input_resolution, dim, patch_merging, permute, custom_bprop) if downsample
+                           else None)
 
     def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
         for blk in self.blocks:
@@ -459,11 +468,11 @@ class SwinTransformer(nn.Cell):
         qkv: q/k/v projection formulation, one of "fused", "split", "fused_split".
         patch_merging: Patch-merging formulation, one of "slice", "reshape".
         rel_pos_bias: Relative position bias lookup, one of "gather", "onehot".
-        custom_bprop: Hand-written backward passes for GELU, softmax, the Dense biases and the attention bias (sums
-            over an axis as MatMuls, GELU's derivative from its forward): the same function and gradients up to
-            float rounding, faster where MindSpore's gradient kernels for them are slow (its CPU backend). See
+        custom_bprop: Hand-written backward passes for GELU, softmax, LayerNorm, the Dense biases and the attention
+            bias (sums over an axis as MatMuls, GELU's derivative from its forward): the same function and gradients
+            up to float rounding, faster where MindSpore's gradient kernels for them are slow (its CPU backend). See
             layers.py.
-        permute: Permutation kernel, one of "transpose" (`ops.transpose`), "mint" (`mint.permute`).
+        permute: Permutation kernel, one of "transpose" (`ops.transpose`), "mint" (`mint.permute`), "gather" (rows).
 
     Raises:
         ConfigError: If the arguments cannot build the official architecture; the message names the key.
@@ -506,7 +515,7 @@ class SwinTransformer(nn.Cell):
         self.ape = ape
         self.num_features = embed_dim * 2 ** (self.num_layers - 1)
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop)
         resolution = self.patch_embed.patches_resolution
         if ape:
             self.absolute_pos_embed = Parameter(
@@ -544,7 +553,7 @@ class SwinTransformer(nn.Cell):
         self.random_sites = RandomSites(
             drop_path_rates=tuple(rate for rate in dpr for _ in range(2)),
             dropout_rates=(drop_rate, *(attn_drop_rate, drop_rate, drop_rate, drop_rate) * len(dpr)))
-        self.norm = nn.LayerNorm((self.num_features,), epsilon=1e-5)
+        self.norm = LastAxisLayerNorm(self.num_features, custom_bprop)
         self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
                      else nn.Identity())
 
