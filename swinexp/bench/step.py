@@ -38,10 +38,12 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "custom_bprop": ("model.custom_bprop=true",),
     # conf/model/formulation/cpu.yaml, what hardware=cpu trains with
     "cpu formulation": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                        "model.custom_bprop=true", "model.permute=mint"),
-    # the cpu formulation with the faster permutation kernel that holds memory (layers.py)
+                        "model.custom_bprop=true", "model.permute=gather"),
+    # the cpu formulation with the other permutation kernels (layers.py): faster and holding memory, or slower
     "cpu, permute=transpose": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
                                "model.custom_bprop=true", "model.permute=transpose"),
+    "cpu, permute=mint": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
+                          "model.custom_bprop=true", "model.permute=mint"),
     "amp=o2": ("amp=o2",),
     "amp=o1_manual": ("amp=o1_manual",),
     # the cost of stochastic depth (masks drawn on the host and fed to the step): the ratio of `--variants baseline
