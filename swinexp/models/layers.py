@@ -135,6 +135,10 @@ class _FnCell(nn.Cell):
         """(R, C) -> (R, 1) sums over the last axis."""
         return self.matmul(x, self.ones((x.shape[-1], 1), x.dtype))
 
+    def row_mean(self, x: Tensor) -> Tensor:
+        """(R, C) -> (R, 1) means over the last axis."""
+        return self.row_sum(x) * (1.0 / x.shape[-1])
+
     def col_sum(self, x: Tensor) -> Tensor:
         """(R, C) -> (C,) sums over the first axis."""
         return self.reshape(self.matmul(self.ones((1, x.shape[0]), x.dtype), x), (x.shape[-1],))
@@ -288,9 +292,9 @@ class _LayerNormFn(_FnCell):
 
     def construct(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows, width = x.shape
-        mean = self.row_sum(x) * (1.0 / width)  # (R, 1)
+        mean = self.row_mean(x)  # (R, 1)
         centred = x - self.widen(mean, width)
-        inv_std = self.rsqrt(self.row_sum(centred * centred) * (1.0 / width) + self.epsilon)  # (R, 1)
+        inv_std = self.rsqrt(self.row_mean(centred * centred) + self.epsilon)  # (R, 1)
         x_hat = centred * self.widen(inv_std, width)
         return x_hat * self.tile_rows(gamma, rows) + self.tile_rows(beta, rows), mean, inv_std
 
@@ -302,8 +306,8 @@ class _LayerNormFn(_FnCell):
         gamma_rows = self.tile_rows(gamma, rows)
         dy_x_hat = dy * x_hat
         g = dy * gamma_rows
-        mean_g = self.widen(self.row_sum(g) * (1.0 / width), width)
-        mean_g_x_hat = self.widen(self.row_sum(dy_x_hat * gamma_rows) * (1.0 / width), width)
+        mean_g = self.widen(self.row_mean(g), width)
+        mean_g_x_hat = self.widen(self.row_mean(dy_x_hat * gamma_rows), width)
         dx = (g - mean_g - x_hat * mean_g_x_hat) * inv_std_wide
         return dx, self.col_sum(dy_x_hat), self.col_sum(dy)
 
