@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, mint, nn, ops
 from mindspore.common.initializer import Initializer
+from mindspore.ops.primitive import constexpr
 
 from swinexp.models.randomness import keep_elements
 
@@ -247,6 +248,19 @@ class _GatherRowsFn(nn.Cell):
         return self.gather(dout, inverse, 1), self.zeros_like(order), self.zeros_like(inverse)
 
 
+# Python on static shapes, run once per call site by the compiler (constexpr): the same numpy called inside a
+# construct is interpreted node by node, which added ~1/3 to the type inference of swin_tiny's train step
+@constexpr
+def _row_orders(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    order, inverse = row_order(shape, axes)
+    return Tensor(order), Tensor(inverse)
+
+
+@constexpr
+def _permuted(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape[a] for a in axes)
+
+
 class Permute(nn.Cell):
     """Reorder axes: one function, the kernel one of PERMUTE_MODES (`model.permute`).
 
@@ -269,9 +283,9 @@ class Permute(nn.Cell):
         if self.rows is None or axes[0] != 0 or axes[-1] != len(axes) - 1:
             return ops.transpose(x, axes)
         shape = x.shape
-        order, inverse = row_order(shape, axes)  # numpy on static shapes: constants of the compiled graph
-        rows = self.rows(ops.reshape(x, (shape[0], -1, shape[-1])), Tensor(order), Tensor(inverse))
-        return ops.reshape(rows, tuple(shape[a] for a in axes))
+        order, inverse = _row_orders(shape, axes)
+        rows = self.rows(ops.reshape(x, (shape[0], -1, shape[-1])), order, inverse)
+        return ops.reshape(rows, _permuted(shape, axes))
 
     def extend_repr(self) -> str:
         return f"mode={self.mode}"
@@ -449,10 +463,11 @@ def window_reverse(windows: Tensor, window_size: int, h: int, w: int, reorder: n
 
 
 def roll_hw(x: Tensor, shift: int) -> Tensor:
-    """`torch.roll(x, (shift, shift), dims=(1, 2))` for (B, H, W, C), built from two slices and a concat per axis.
+    """`torch.roll(x, (shift, shift), dims=(1, 2))` for (B, H, W, C), as a split and a concat per axis.
 
-    MindSpore 2.10 has no CPU kernel for `ops.roll`/`mint.roll` ("The kernel Roll unregistered"); unit-step
-    slices and concat differentiate correctly on every backend.
+    MindSpore 2.10 has no CPU kernel for `ops.roll`/`mint.roll` ("The kernel Roll unregistered"). A split into
+    two parts differentiates to a concat; the earlier slices differentiated to a zero-filled StridedSliceGrad each,
+    and each `x[:, s:]` cost the compiler half a dozen small graphs.
 
     Args:
         x: Channels-last feature map.
@@ -463,9 +478,12 @@ def roll_hw(x: Tensor, shift: int) -> Tensor:
     """
     if shift == 0:
         return x
-    s = -shift  # torch.roll(x, k)[i] == x[i - k], so the new first row is x[-k]
-    x = ops.concat((x[:, s:], x[:, :s]), 1)  # (B, H, W, C), rows rolled
-    return ops.concat((x[:, :, s:], x[:, :, :s]), 2)  # (B, H, W, C), columns rolled
+    for axis in (1, 2):
+        n = x.shape[axis]
+        k = shift % n  # torch.roll(x, k)[i] == x[i - k]: the last k rows come first
+        head, tail = ops.split(x, (n - k, k), axis)
+        x = ops.concat((tail, head), axis)
+    return x
 
 
 def stage_windows(resolution: int, window_size: int, shift_size: int) -> tuple[int, int]:
