@@ -115,10 +115,10 @@ def reorder_axes(x: Tensor, axes: tuple[int, ...], reorder: nn.Cell | None = Non
 # (a ReduceSum over a 4-D tensor) is ~25% slower than with a MatMul row sum. Each cell below is a parameterless
 # "function cell": it takes the weights as inputs (so its owner keeps the official parameter names), computes the
 # same forward, and has a `bprop` that sums over rows or columns with MatMuls and reuses forward intermediates:
-# the same gradients up to float rounding (tests/test_models.py). LayerNormGrad is slow as well: `_LayerNormFn`
-# writes LayerNorm without a broadcasting elementwise op, as those run 3-10x slower than same-shape ones on this
-# backend, widening every (R, 1) or (C,) operand by a K=1 MatMul instead (forward + backward of a (12544, 96) input
-# ~30 ms -> ~7 ms; its backward's temporaries cost ~0.6 GiB of swin_tiny's peak at batch 16, BENCHMARKS.md).
+# the same gradients up to float rounding (tests/test_models.py). LayerNormGrad is slow as well: `_LayerNormFn`'s
+# backward has no broadcasting elementwise op, as those run 3-10x slower than same-shape ones on this backend; it
+# widens every (R, 1) or (C,) operand by a K=1 MatMul instead (forward + backward of a (12544, 96) input ~30 ms ->
+# ~7 ms, BENCHMARKS.md).
 # The `bprop` bodies use only `self`'s methods and primitives and Tensor methods, no module globals: MindSpore's
 # O1 AMP (its `rewrite` module) copies a cell's bprop source into a generated module without this one's names.
 
@@ -292,28 +292,25 @@ class Permute(nn.Cell):
 
 
 class _LayerNormFn(_FnCell):
-    """LayerNorm over the last axis of (R, C), returning (y, mean, 1/std), the (R, 1) statistics the backward needs.
+    """LayerNorm over the last axis of (R, C): MindSpore's LayerNorm primitive, with a hand-written backward.
 
-    Two-pass statistics as MindSpore's and torch's kernels (mean, then the mean square of x - mean); the backward
-    recomputes x_hat from x and the two columns, and is dx = (g - mean(g) - x_hat * mean(g * x_hat)) / std with
-    g = dy * gamma.
+    Returns the primitive's (y, mean, variance), the (R, 1) statistics the backward needs. The forward kernel is as
+    fast as any hand-written one (~7 ms for (12544, 96)) and one graph node; LayerNormGrad is what is slow. The
+    backward recomputes x_hat from x and the two columns, and is dx = (g - mean(g) - x_hat * mean(g * x_hat)) / std
+    with g = dy * gamma, every column and row operand widened by a K=1 MatMul.
     """
 
     def __init__(self, epsilon: float) -> None:
         super().__init__()
+        self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=epsilon)
         self.rsqrt = ops.Rsqrt()
         self.epsilon = epsilon
 
     def construct(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        rows, width = x.shape
-        mean = self.row_mean(x)  # (R, 1)
-        centred = x - self.widen(mean, width)
-        inv_std = self.rsqrt(self.row_mean(centred * centred) + self.epsilon)  # (R, 1)
-        x_hat = centred * self.widen(inv_std, width)
-        return x_hat * self.tile_rows(gamma, rows) + self.tile_rows(beta, rows), mean, inv_std
+        return self.layer_norm(x, gamma, beta)
 
     def bprop(self, x: Tensor, gamma: Tensor, beta: Tensor, out: tuple, dout: tuple) -> tuple[Tensor, ...]:
-        dy, mean, inv_std = dout[0], out[1], out[2]
+        dy, mean, inv_std = dout[0], out[1], self.rsqrt(out[2] + self.epsilon)
         rows, width = x.shape
         inv_std_wide = self.widen(inv_std, width)
         x_hat = (x - self.widen(mean, width)) * inv_std_wide
@@ -333,8 +330,8 @@ class LastAxisLayerNorm(nn.LayerNorm):
 
     Args:
         width: Size of the normalised last axis.
-        custom_bprop: Use `_LayerNormFn` (MatMul sums and broadcasts, hand-written backward) instead of the
-            LayerNorm primitive and LayerNormGrad.
+        custom_bprop: Use `_LayerNormFn` (the LayerNorm primitive with a hand-written backward of MatMul sums
+            and broadcasts) instead of autodiff's LayerNormGrad.
         epsilon: Added to the variance.
     """
 
