@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mindspore as ms
 import pytest
 
+from swinexp.registry import ConfigError
 from swinexp.runtime import compile_cache
 from tests.conftest import ROOT, SMOKE
 
@@ -56,6 +58,16 @@ def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compo
 def test_off_by_default_and_leaves_mindspores_cache_alone(compose, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
     assert compile_cache.enable(compose()) is None
+    assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
+
+
+def test_a_process_without_an_entry_script_is_told_what_to_run(compose, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # `python -c` leaves argv[0] "-c", which MindSpore's cache would open as a file when the first graph compiles
+    monkeypatch.setattr(ms.graph.api, "entry_script_path", str(tmp_path / "-c"))
+    monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
+    with pytest.raises(ConfigError, match="python run.py"):
+        compile_cache.enable(compose("hardware.compile_cache=true", f"hardware.compile_cache_dir={tmp_path}"))
     assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from swinexp.bench import startup
 from swinexp.bench.harness import IMPORT_ROOT, compose
 from swinexp.bench.host import describe, load_average
 from swinexp.bench.options import Options
@@ -27,7 +28,9 @@ from swinexp.tracking import MlflowTracker, flatten, resolve_uri
 
 __all__ = ["EPOCH_METRICS", "STARTUP_CODE", "run"]
 
-STARTUP_CODE = "import time; started = time.time(); from swinexp.bench.startup import main; main(started)"
+# argv[0] is startup.py, as a script's would be: MindSpore's compile cache (hardware.compile_cache) reads the entry file
+STARTUP_CODE = ("import time; started = time.time(); import sys; sys.argv[0] = sys.argv.pop(1); "
+                "from swinexp.bench.startup import main; main(started)")
 STEADY_STEPS = 3
 # (row, from stamp, to stamp) of the start-up phases; "spawned" is taken here, just before the child starts
 PHASES = (("python interpreter start", "spawned", "started"),
@@ -51,8 +54,8 @@ def time_startups(overrides: list[str], runs: int) -> list[dict]:
     out = []
     for i in range(runs):
         spawned = time.time()
-        done = subprocess.run([sys.executable, "-c", STARTUP_CODE, str(STEADY_STEPS), *overrides], cwd=IMPORT_ROOT,
-                              check=True, stdout=subprocess.PIPE, text=True)
+        done = subprocess.run([sys.executable, "-c", STARTUP_CODE, startup.__file__, str(STEADY_STEPS), *overrides],
+                              cwd=IMPORT_ROOT, check=True, stdout=subprocess.PIPE, text=True)
         stamps = {**json.loads(done.stdout.strip().splitlines()[-1]), "spawned": spawned}
         progress(f"start-up {i + 1}/{runs}: first step done {stamps['first_step'] - spawned:.1f} s after spawn")
         out.append(stamps)

@@ -1,11 +1,11 @@
 """The child process of `overhead`: time each phase from interpreter start to the first finished train step.
 
-    python -c "import time; t = time.time(); from swinexp.bench.startup import main; main(t)" STEADY [overrides]
+    python -c "<overhead.STARTUP_CODE>" <this file> STEADY [overrides]
 
-It does what `python run.py <overrides>` does up to its first train step (compose, hardware.apply,
-build_experiment, make_train_step as `fit` calls it, the first batch), then STEADY more steps with their data, and
-prints one JSON line: the wall-clock stamp (time.time()) at the end of each phase, the steady step times and the
-batches of a full epoch.
+It does what `python run.py <overrides>` does up to its first train step (compose, hardware.apply, the compile
+cache when hardware.compile_cache is on, build_experiment, make_train_step as `fit` calls it, the first batch),
+then STEADY more steps with their data, and prints one JSON line: the wall-clock stamp (time.time()) at the end of
+each phase, the steady step times and the batches of a full epoch.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from swinexp.bench.harness import compose
 from swinexp.build import build_experiment
 from swinexp.data import Loader
 from swinexp.engine.step import make_train_step
-from swinexp.runtime import hardware
+from swinexp.runtime import compile_cache, hardware
 from swinexp.tracking import NullTracker
 
 __all__ = ["main"]
@@ -43,6 +43,7 @@ def main(started: float, argv: Sequence[str] | None = None) -> None:
     composed = time.time()
     hw = OmegaConf.to_object(cfg.hardware)
     hardware.apply(hw, int(cfg.seed))
+    compile_cache.enable(cfg)  # as train.main: a sweep job's start-up from the graphs an earlier job compiled
     exp = build_experiment(cfg, NullTracker())
     built = time.time()
     trainer = exp.trainer

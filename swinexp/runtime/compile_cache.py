@@ -29,6 +29,7 @@ import mindspore as ms
 from omegaconf import DictConfig, OmegaConf
 
 import swinexp
+from swinexp.registry import ConfigError
 
 __all__ = ["HOST_ONLY", "cache_key", "default_root", "enable"]
 
@@ -88,6 +89,12 @@ def enable(cfg: DictConfig) -> Path | None:
     hw = cfg.hardware
     if not hw.compile_cache:
         return None
+    entry = ms.graph.api.entry_script_path  # sys.argv[0] when MindSpore was imported
+    if entry is None or not os.path.isfile(entry):
+        raise ConfigError(f"hardware.compile_cache=true needs the entry script as a file (MindSpore reads it for "
+                          f"its cache), but this process started from {entry or 'no script'} (python -c or an "
+                          "interactive shell): run `python run.py ...` or `swinexp ...`, or set "
+                          "hardware.compile_cache=false")
     root = Path(hw.compile_cache_dir or default_root()).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     shared = root / cache_key(cfg)
