@@ -462,9 +462,8 @@ def window_reverse(windows: Tensor, window_size: int, h: int, w: int, reorder: n
 def roll_hw(x: Tensor, shift: int) -> Tensor:
     """`torch.roll(x, (shift, shift), dims=(1, 2))` for (B, H, W, C), as a split and a concat per axis.
 
-    MindSpore 2.10 has no CPU kernel for `ops.roll`/`mint.roll` ("The kernel Roll unregistered"). A split into
-    two parts differentiates to a concat; the earlier slices differentiated to a zero-filled StridedSliceGrad each,
-    and each `x[:, s:]` cost the compiler half a dozen small graphs.
+    MindSpore 2.10 has no CPU kernel for `ops.roll`/`mint.roll` ("The kernel Roll unregistered"). A split
+    differentiates to a concat, where slices would each need a zero-filled StridedSliceGrad.
 
     Args:
         x: Channels-last feature map.
