@@ -22,6 +22,7 @@ from swinexp.models.layers import (
     LastAxisSoftmax,
     Linear,
     Permute,
+    TokenWindows,
     relative_position_index,
     roll_hw,
     shifted_window_mask,
@@ -153,6 +154,27 @@ def test_window_partition_round_trip() -> None:
 def test_roll_matches_torch_roll(shift: int) -> None:
     x = np.arange(2 * 6 * 6 * 2, dtype=np.float32).reshape(2, 6, 6, 2)
     np.testing.assert_array_equal(roll_hw(Tensor(x), shift).asnumpy(), np.roll(x, (shift, shift), (1, 2)))
+
+
+@pytest.mark.parametrize("shift", [0, 2])
+def test_token_windows_by_row_gathers_are_roll_and_partition_with_their_gradient(shift: int) -> None:
+    """The gather path (one permutation) against roll_hw + window_partition with ops.transpose, both directions."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 8 * 8, 3)).astype(np.float32)
+    upstream = rng.standard_normal((2 * 4, 16, 3)).astype(np.float32)
+    expected = window_partition(Tensor(np.roll(x.reshape(2, 8, 8, 3), (-shift, -shift), (1, 2))), 4).asnumpy()
+    by_rows, by_axes = TokenWindows(8, 4, shift, "gather"), TokenWindows(8, 4, shift, "transpose")
+    assert by_rows.rows is not None and by_axes.rows is None
+    for windows in (by_rows, by_axes):
+        out = windows.split(Tensor(x))
+        np.testing.assert_array_equal(out.asnumpy(), expected.reshape(8, 16, 3))
+        np.testing.assert_array_equal(windows.merge(out).asnumpy(), x)
+    grads = [ms.grad(lambda t, w=w: (w.split(t) * Tensor(upstream)).sum())(Tensor(x)).asnumpy()
+             for w in (by_rows, by_axes)]
+    np.testing.assert_array_equal(grads[0], grads[1])
+    back = [ms.grad(lambda t, w=w: (w.merge(t) * Tensor(x)).sum())(Tensor(upstream)).asnumpy()
+            for w in (by_rows, by_axes)]
+    np.testing.assert_array_equal(back[0], back[1])
 
 
 def test_relative_position_index() -> None:

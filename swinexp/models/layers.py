@@ -27,6 +27,7 @@ __all__ = [
     "PERMUTE_MODES",
     "PatchEmbed",
     "Permute",
+    "TokenWindows",
     "TruncNormal",
     "dense",
     "expand",
@@ -38,6 +39,7 @@ __all__ = [
     "stage_windows",
     "window_partition",
     "window_reverse",
+    "window_token_order",
 ]
 
 INIT_STD = 0.02  # timm's trunc_normal_(std=.02) for Linear weights, the bias table and the position embedding
@@ -480,6 +482,65 @@ def roll_hw(x: Tensor, shift: int) -> Tensor:
         head, tail = ops.split(x, (n - k, k), axis)
         x = ops.concat((tail, head), axis)
     return x
+
+
+def window_token_order(resolution: int, window_size: int, shift: int) -> np.ndarray:
+    """The rows of a (B, H*W, C) map that `roll_hw(-shift)` then `window_partition` put in (B*nW*N) order.
+
+    Output row r is input row order[r]: the cyclic shift and the partition compose into one permutation of the
+    H*W tokens (np.roll by -shift, then row-major windows of row-major tokens).
+    """
+    r, ws = resolution, window_size
+    tokens = np.roll(np.arange(r * r).reshape(r, r), (-shift, -shift), (0, 1))  # the rolled map's token ids
+    return tokens.reshape(r // ws, ws, r // ws, ws).transpose(0, 2, 1, 3).reshape(-1).astype(np.int32)
+
+
+class TokenWindows(nn.Cell):
+    """A block's change of layout: (B, L, C) tokens -> shifted by -shift -> (B*nW, N, C) windows, and back.
+
+    With `Permute("gather")` each direction is one row Gather by `window_token_order` (the backward gathers by its
+    inverse): one kernel, and one small graph for the compiler, where `roll_hw` + `window_partition` are a split, a
+    concat and a permutation per axis. Otherwise those, with the permutation kernel of `permute`.
+
+    Args:
+        resolution: Side of the square feature map, H = W.
+        window_size: Side of a window; divides `resolution`.
+        shift: The cyclic shift before attention (undone after), 0 for none.
+        permute: The permutation kernel, one of PERMUTE_MODES.
+    """
+
+    def __init__(self, resolution: int, window_size: int, shift: int, permute: str = "transpose") -> None:
+        super().__init__()
+        self.resolution, self.window_size, self.shift = resolution, window_size, shift
+        self.reorder = Permute(permute)
+        if permute == "gather":
+            order = window_token_order(resolution, window_size, shift)
+            self.order, self.inverse = Tensor(order), Tensor(np.argsort(order).astype(np.int32))
+            self.rows = _GatherRowsFn()
+        else:
+            self.rows = None
+
+    def split(self, x: Tensor) -> Tensor:
+        """(B, L, C) -> (B*nW, N, C), the windows of the map rolled by -shift."""
+        b, _, c = x.shape
+        r, ws = self.resolution, self.window_size
+        if self.rows is not None:
+            return ops.reshape(self.rows(x, self.order, self.inverse), (-1, ws * ws, c))
+        x = roll_hw(ops.reshape(x, (b, r, r, c)), -self.shift)  # (B, H, W, C)
+        return ops.reshape(window_partition(x, ws, self.reorder), (-1, ws * ws, c))
+
+    def merge(self, x: Tensor) -> Tensor:
+        """(B*nW, N, C) -> (B, L, C): the inverse of `split`."""
+        c = x.shape[-1]
+        r, ws = self.resolution, self.window_size
+        b = x.shape[0] // ((r // ws) * (r // ws))
+        if self.rows is not None:
+            return self.rows(ops.reshape(x, (b, r * r, c)), self.inverse, self.order)
+        x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r, self.reorder)  # (B, H, W, C)
+        return ops.reshape(roll_hw(x, self.shift), (b, r * r, c))
+
+    def extend_repr(self) -> str:
+        return f"window_size={self.window_size}, shift={self.shift}"
 
 
 def stage_windows(resolution: int, window_size: int, shift_size: int) -> tuple[int, int]:

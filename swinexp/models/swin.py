@@ -43,16 +43,14 @@ from swinexp.models.layers import (
     Mlp,
     PatchEmbed,
     Permute,
+    TokenWindows,
     TruncNormal,
     dense,
     expand,
     relative_position_index,
     reorder_axes,
-    roll_hw,
     shifted_window_mask,
     stage_windows,
-    window_partition,
-    window_reverse,
 )
 from swinexp.models.pretrained import load_pretrained
 from swinexp.models.randomness import RandomSites
@@ -248,10 +246,10 @@ class SwinTransformerBlock(nn.Cell):
     ) -> None:
         super().__init__()
         self.dim = dim
-        self.reorder = Permute(permute)
         self.input_resolution = input_resolution
         self.path_row, self.key_row = 2 * index, 1 + 4 * index
         self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
+        self.windows = TokenWindows(input_resolution, self.window_size, self.shift_size, permute)
         self.norm1 = LastAxisLayerNorm(dim, custom_bprop)
         self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias,
                                     custom_bprop, permute)
@@ -269,16 +267,11 @@ class SwinTransformerBlock(nn.Cell):
     def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
         """x (B, L, C); the rows of the whole model's drop_scales (branches, B) and dropout_keys (sites, 2), as
         Tensors or as the tuples SwinTransformer unstacks them into; or None."""
-        b, length, c = x.shape
-        r, ws = self.input_resolution, self.window_size
         k = self.key_row
         shortcut = x
-        x = ops.reshape(self.norm1(x), (b, r, r, c))  # (B, H, W, C)
-        x = roll_hw(x, -self.shift_size)
-        x = ops.reshape(window_partition(x, ws, self.reorder), (-1, ws * ws, c))  # (B*nW, N, C)
+        x = self.windows.split(self.norm1(x))  # (B*nW, N, C), shifted by -shift_size
         x = self.attn(x, self.attn_mask, _row(dropout_keys, k), _row(dropout_keys, k + 1))  # (B*nW, N, C)
-        x = window_reverse(ops.reshape(x, (-1, ws, ws, c)), ws, r, r, self.reorder)  # (B, H, W, C)
-        x = ops.reshape(roll_hw(x, self.shift_size), (b, length, c))  # (B, L, C)
+        x = self.windows.merge(x)  # (B, L, C), shifted back
         if self.drop_path1 is not None:
             x = self.drop_path1(x, _row(drop_scales, self.path_row))
         x = shortcut + x
