@@ -104,9 +104,6 @@ class WindowAttention(nn.Cell):
         self.dim = dim
         self.window_size = window_size
         self.reorder = Permute(permute)
-        # q, k and v split into heads with mint.permute in the gather mode too: Gathers there raised the train
-        # step's peak memory by ~0.8 GiB (swin_tiny, batch 16, BENCHMARKS.md); the merge after attention gathers
-        self.split_heads = Permute("mint" if permute == "gather" else permute)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -145,7 +142,7 @@ class WindowAttention(nn.Cell):
     def _heads(self, x: Tensor) -> Tensor:
         b_, n, _ = x.shape
         x = ops.reshape(x, (b_, n, self.num_heads, self.head_dim))  # (B_, N, heads, hd)
-        return self.split_heads(x, (0, 2, 1, 3))  # (B_, heads, N, hd)
+        return self.reorder(x, (0, 2, 1, 3))  # (B_, heads, N, hd)
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b_, n, c = x.shape
