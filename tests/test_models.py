@@ -21,6 +21,7 @@ from swinexp.models.layers import (
     LastAxisLayerNorm,
     LastAxisSoftmax,
     Linear,
+    PatchMatMul,
     Permute,
     TokenWindows,
     relative_position_index,
@@ -334,11 +335,36 @@ def test_switch_combination_computes_the_official_function(
     custom_bprop: bool,
     permute: str,
 ) -> None:
-    x, state, (ref_out, ref_gx, ref_gp) = official_layout
     model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute)
-    load_state(model, split_qkv(state) if qkv == "split" else state)
+    assert_computes_the_official_function(model, official_layout)
+
+
+# the official formulation and the cpu one (split q/k/v, hand-written backward passes, row Gathers)
+@pytest.mark.parametrize("qkv,merging,bias,custom_bprop,permute", [SWITCHES[0], SWITCHES[-2]])
+def test_patch_embedding_as_one_matmul_computes_the_official_conv(
+    official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+    qkv: str,
+    merging: str,
+    bias: str,
+    custom_bprop: bool,
+    permute: str,
+) -> None:
+    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute,
+                  patch_embed="matmul")
+    assert isinstance(model.patch_embed.proj, PatchMatMul)
+    assert_computes_the_official_function(model, official_layout)
+
+
+def assert_computes_the_official_function(
+    model: SwinTransformer,
+    official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+) -> None:
+    """Loaded with the official formulation's weights, `model` gives its logits and gradients (image, weights)."""
+    x, state, (ref_out, ref_gx, ref_gp) = official_layout
+    split = model.layers[0].blocks[0].attn.qkv_mode == "split"
+    load_state(model, split_qkv(state) if split else state)
     out, gx, gp = outputs_and_grads(model, x)
-    gp = fuse_qkv(gp) if qkv == "split" else gp
+    gp = fuse_qkv(gp) if split else gp
     assert np.abs(out - ref_out).max() < 1e-5
     assert np.abs(gx - ref_gx).max() <= 1e-4 * np.abs(ref_gx).max()
     assert gp.keys() == ref_gp.keys()
@@ -358,6 +384,7 @@ def test_switch_combination_computes_the_official_function(
         (dict(patch_merging="strided"), "model.patch_merging='strided'"),
         (dict(rel_pos_bias="table"), "choose one of: gather, onehot"),
         (dict(permute="swap"), "model.permute='swap' is not a known option; choose one of: transpose, mint, gather"),
+        (dict(patch_embed="unfold"), "model.patch_embed='unfold' is not a known option; choose one of: conv, matmul"),
         (dict(depths="22"), "model.depths='22'"),
         (dict(depths=(2, 2, 2)), "model.depths=[2, 2, 2] and model.num_heads=[2, 4]"),
         (dict(drop_path_rate=1.0), "model.drop_path_rate=1.0"),
@@ -439,7 +466,7 @@ def test_same_seed_gives_the_same_initial_weights_whatever_the_switches(qkv: str
         return fuse_qkv({p.name: p.asnumpy() for p in micro(**switches).get_parameters()})
 
     official = state(qkv="fused", patch_merging="slice", rel_pos_bias="gather", custom_bprop=False)
-    variant = state(qkv=qkv, patch_merging="reshape", rel_pos_bias="onehot", custom_bprop=True)
+    variant = state(qkv=qkv, patch_merging="reshape", rel_pos_bias="onehot", custom_bprop=True, patch_embed="matmul")
     assert official.keys() == variant.keys()
     for name in official:
         np.testing.assert_array_equal(official[name], variant[name], err_msg=name)

@@ -126,7 +126,7 @@ def peers_table(timings: dict[str, Timing], cfg: DictConfig, flops: int, opts: O
     formulation = {MINDCV: f"mindcv {version} `SwinTransformer` (separate q/k/v, one-hot bias, reshape merging)",
                    SWINEXP: "swinexp `SwinTransformer`, " + ", ".join(
                        f"{key}={cfg.model[key]}" for key in ("qkv", "patch_merging", "rel_pos_bias", "custom_bprop",
-                                                                   "permute"))}
+                                                                   "permute", "patch_embed"))}
     if timm_runs:
         first = timm_runs[0]
         formulation[TIMM] = (f"timm {first.timm_version} `SwinTransformer`, PyTorch {first.torch_version} eager fp32, "

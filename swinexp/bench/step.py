@@ -38,12 +38,15 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "custom_bprop": ("model.custom_bprop=true",),
     # conf/model/formulation/cpu.yaml, what hardware=cpu trains with
     "cpu formulation": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                        "model.custom_bprop=true", "model.permute=gather"),
+                        "model.custom_bprop=true", "model.permute=gather", "model.patch_embed=matmul"),
     # the cpu formulation with the other permutation kernels (layers.py): faster and holding memory, or slower
     "cpu, permute=transpose": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                               "model.custom_bprop=true", "model.permute=transpose"),
+                               "model.custom_bprop=true", "model.permute=transpose", "model.patch_embed=matmul"),
     "cpu, permute=mint": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                          "model.custom_bprop=true", "model.permute=mint"),
+                          "model.custom_bprop=true", "model.permute=mint", "model.patch_embed=matmul"),
+    # and with the official patch embedding, MindSpore's Conv2D (slow on CPU, layers.PatchMatMul)
+    "cpu, patch_embed=conv": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
+                              "model.custom_bprop=true", "model.permute=gather", "model.patch_embed=conv"),
     "amp=o2": ("amp=o2",),
     "amp=o1_manual": ("amp=o1_manual",),
     # the cost of stochastic depth (masks drawn on the host and fed to the step): the ratio of `--variants baseline
@@ -53,7 +56,8 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_VARIANTS = tuple(name for name in PRESETS if name != "drop_path=0")
 # every variant starts from the official formulation with autodiff gradients in fp32; its own overrides win
-BASE = ("+model/rewrites=official", "model.custom_bprop=false", "model.permute=transpose", "amp=o0", "tracking=none")
+BASE = ("+model/rewrites=official", "model.custom_bprop=false", "model.permute=transpose", "model.patch_embed=conv",
+        "amp=o0", "tracking=none")
 
 
 class WorkerFailed(RuntimeError):

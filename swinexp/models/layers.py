@@ -24,8 +24,10 @@ __all__ = [
     "LastAxisSoftmax",
     "Linear",
     "Mlp",
+    "PATCH_EMBED_MODES",
     "PERMUTE_MODES",
     "PatchEmbed",
+    "PatchMatMul",
     "Permute",
     "TokenWindows",
     "TruncNormal",
@@ -673,6 +675,48 @@ class Mlp(nn.Cell):
         return self.drop2(self.fc2(x), key2)
 
 
+PATCH_EMBED_MODES = ("conv", "matmul")
+
+
+class PatchMatMul(nn.Conv2d):
+    """A conv whose kernel is its stride (no padding), computed as one MatMul of the flattened patches.
+
+    The same function and parameters as `nn.Conv2d` (weight (out, in, p, p), bias; the same initial draws), but it
+    returns channels-last tokens (B, H/p*W/p, out), the layout the Swin stages take. MindSpore 2.10's CPU backend runs
+    the patch embedding's Conv2D in oneDNN's reference fallback (`jit_uni_ncsp:conv+ref`, plain NCHW): ~270 ms
+    forward for swin_tiny's batch of 4 at 224 px, where this MatMul takes ~6 ms (BENCHMARKS.md). A subclass, so AMP
+    lists that name `Conv2d` still apply.
+
+    Args:
+        in_chans: Image channels.
+        out_channels: Token width.
+        patch_size: Side of a square patch: the kernel and the stride.
+        custom_bprop: Sum the bias gradient with a MatMul instead of BiasAddGrad (see `Linear`).
+    """
+
+    def __init__(self, in_chans: int, out_channels: int, patch_size: int, custom_bprop: bool = False) -> None:
+        super().__init__(in_chans, out_channels, kernel_size=patch_size, stride=patch_size, pad_mode="valid",
+                         has_bias=True)
+        self.patch_size = patch_size
+        self.rows_matmul = ops.MatMul(transpose_b=True)
+        self.add_bias = ops.BiasAdd()
+        self.bias_fn = _BiasAddFn() if custom_bprop else None
+
+    def construct(self, x: Tensor) -> Tensor:
+        b, c, h, w = x.shape  # no super().construct (see ExactGELU)
+        p = self.patch_size
+        patches = ops.reshape(x, (b, c, h // p, p, w // p, p))
+        # (B, H/p, W/p, C, p, p): one patch per row, in the weight's (in, kh, kw) order. The images carry no gradient,
+        # so this transpose differentiates to nothing; its held buffers (see above) are a few images' worth
+        patches = ops.transpose(patches, (0, 2, 4, 1, 3, 5))
+        rows = ops.reshape(patches, (-1, c * p * p))  # (B*L, C*p*p)
+        weight = ops.reshape(ops.cast(self.weight, x.dtype), (self.out_channels, -1))  # (out, C*p*p)
+        y = self.rows_matmul(rows, weight)  # (B*L, out)
+        bias = ops.cast(self.bias, y.dtype)  # explicit casts: fp32 parameter gradients under amp o2/o3 (`Linear`)
+        y = self.add_bias(y, bias) if self.bias_fn is None else self.bias_fn(y, bias)
+        return ops.reshape(y, (b, (h // p) * (w // p), self.out_channels))
+
+
 class PatchEmbed(nn.Cell):
     """Image to patch tokens: a patch_size-strided conv, then an optional LayerNorm.
 
@@ -685,26 +729,37 @@ class PatchEmbed(nn.Cell):
         embed_dim: Token width.
         patch_norm: Whether to LayerNorm the tokens.
         permute_mode: The permutation kernel, one of PERMUTE_MODES.
-        custom_bprop: `LastAxisLayerNorm`'s hand-written LayerNorm.
+        custom_bprop: `LastAxisLayerNorm`'s hand-written LayerNorm (and `PatchMatMul`'s bias gradient).
+        kernel: One of PATCH_EMBED_MODES: "conv" is `nn.Conv2d` (the official), "matmul" `PatchMatMul`.
     """
 
     def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, patch_norm: bool,
-                 permute_mode: str = "transpose", custom_bprop: bool = False) -> None:
+                 permute_mode: str = "transpose", custom_bprop: bool = False, kernel: str = "conv") -> None:
         super().__init__()
         self.reorder = Permute(permute_mode)
         self.img_size = img_size
         self.patch_size = patch_size
         self.patches_resolution = img_size // patch_size
         self.num_patches = self.patches_resolution**2
-        self.proj = nn.Conv2d(
-            in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, pad_mode="valid", has_bias=True
-        )
+        self.kernel = kernel
+        if kernel == "matmul":
+            self.proj = PatchMatMul(in_chans, embed_dim, patch_size, custom_bprop)
+        else:
+            self.proj = nn.Conv2d(
+                in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, pad_mode="valid", has_bias=True
+            )
         self.norm = LastAxisLayerNorm(embed_dim, custom_bprop) if patch_norm else None
 
     def construct(self, x: Tensor) -> Tensor:
-        x = self.proj(x)  # (B, C, H/p, W/p)
-        b, c, h, w = x.shape
-        x = self.reorder(ops.reshape(x, (b, c, h * w)), (0, 2, 1))  # (B, H/p*W/p, C)
+        if self.kernel == "matmul":
+            x = self.proj(x)  # (B, H/p*W/p, C)
+        else:
+            x = self.proj(x)  # (B, C, H/p, W/p)
+            b, c, h, w = x.shape
+            x = self.reorder(ops.reshape(x, (b, c, h * w)), (0, 2, 1))  # (B, H/p*W/p, C)
         if self.norm is not None:
             x = self.norm(x)
         return x
+
+    def extend_repr(self) -> str:
+        return f"kernel={self.kernel}"

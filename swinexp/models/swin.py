@@ -12,13 +12,15 @@ Three switches select equivalent formulations of the same function (the ablation
 - `patch_merging`: `slice` (strided slices + concat; official), `reshape` (reshape + transpose + reshape).
 - `rel_pos_bias`: `gather` (index the table; official), `onehot` (constant one-hot matrix @ table).
 
-Two more keep the computation and change its kernels:
+Three more keep the computation and change its kernels:
 
 - `custom_bprop`: hand-written backward passes for GELU, softmax, LayerNorm and the bias adds (layers.py) instead
   of MindSpore's autodiff kernels, which are slow on CPU.
 - `permute`: `transpose` (`ops.transpose`), `mint` (`mint.permute`) or `gather` (whole rows of the last axis by one
   Gather where a permutation keeps the first and last axes) for the axis permutations; on CPU the first holds
   buffers for the graph's life, the second is slow, the third neither (layers.py `Permute`, BENCHMARKS.md).
+- `patch_embed`: `conv` (`nn.Conv2d`; official) or `matmul` (the patches as rows of one MatMul, `PatchMatMul`): on
+  CPU MindSpore's Conv2D runs this conv ~50x slower than the MatMul (BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from mindspore.common.initializer import initializer
 
 from swinexp.models.layers import (
     INIT_STD,
+    PATCH_EMBED_MODES,
     PERMUTE_MODES,
     AddBroadcast,
     DropPath,
@@ -470,6 +473,7 @@ class SwinTransformer(nn.Cell):
             up to float rounding, faster where MindSpore's gradient kernels for them are slow (its CPU backend). See
             layers.py.
         permute: Permutation kernel, one of "transpose" (`ops.transpose`), "mint" (`mint.permute`), "gather" (rows).
+        patch_embed: Patch embedding kernel, one of "conv" (`nn.Conv2d`), "matmul" (`layers.PatchMatMul`).
 
     Raises:
         ConfigError: If the arguments cannot build the official architecture; the message names the key.
@@ -497,6 +501,7 @@ class SwinTransformer(nn.Cell):
         rel_pos_bias: str = "gather",
         custom_bprop: bool = False,
         permute: str = "transpose",
+        patch_embed: str = "conv",
     ) -> None:
         super().__init__()
         depths, num_heads = _int_tuple("depths", depths), _int_tuple("num_heads", num_heads)
@@ -504,7 +509,8 @@ class SwinTransformer(nn.Cell):
             img_size, patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size, mlp_ratio,
             {"drop_rate": drop_rate, "attn_drop_rate": attn_drop_rate, "drop_path_rate": drop_path_rate},
             {"qkv": (qkv, QKV_MODES), "patch_merging": (patch_merging, MERGING_MODES),
-             "rel_pos_bias": (rel_pos_bias, REL_POS_BIAS_MODES), "permute": (permute, PERMUTE_MODES)},
+             "rel_pos_bias": (rel_pos_bias, REL_POS_BIAS_MODES), "permute": (permute, PERMUTE_MODES),
+             "patch_embed": (patch_embed, PATCH_EMBED_MODES)},
         )  # fmt: skip
         self.num_classes = num_classes
         self.num_layers = len(depths)
@@ -512,7 +518,8 @@ class SwinTransformer(nn.Cell):
         self.ape = ape
         self.num_features = embed_dim * 2 ** (self.num_layers - 1)
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop,
+                                      patch_embed)
         resolution = self.patch_embed.patches_resolution
         if ape:
             self.absolute_pos_embed = Parameter(
