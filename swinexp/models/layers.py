@@ -706,9 +706,10 @@ class PatchMatMul(nn.Conv2d):
         b, c, h, w = x.shape  # no super().construct (see ExactGELU)
         p = self.patch_size
         patches = ops.reshape(x, (b, c, h // p, p, w // p, p))
-        # (B, H/p, W/p, C, p, p): one patch per row, in the weight's (in, kh, kw) order. The images carry no gradient,
-        # so this transpose differentiates to nothing; its held buffers (see above) are a few images' worth
-        patches = ops.transpose(patches, (0, 2, 4, 1, 3, 5))
+        # (B, H/p, W/p, C, p, p): one patch per row, in the weight's (in, kh, kw) order. mint.permute: the images carry
+        # no gradient, so its slow backward never runs, and its forward costs ~6 ms at batch 4; with ops.transpose or
+        # a row Gather here swin_tiny's peak at batch 16 was 4.60 GiB, against 3.82 (BENCHMARKS.md)
+        patches = mint.permute(patches, (0, 2, 4, 1, 3, 5))
         rows = ops.reshape(patches, (-1, c * p * p))  # (B*L, C*p*p)
         weight = ops.reshape(ops.cast(self.weight, x.dtype), (self.out_channels, -1))  # (out, C*p*p)
         y = self.rows_matmul(rows, weight)  # (B*L, out)
