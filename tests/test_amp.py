@@ -21,7 +21,7 @@ EXPECTED = {
     "o1": {f"{BLOCK}.norm1": "float32", f"{BLOCK}.mlp.fc1": "float16", f"{BLOCK}.attn.softmax": "float32",
            f"{BLOCK}.mlp.act": "float32", "patch_embed.proj": "float16", "head": "float16"},
     "o1_manual": {f"{BLOCK}.norm1": "float32", f"{BLOCK}.mlp.act": "float32", f"{BLOCK}.attn.softmax": "float32",
-                  "patch_embed.proj": "float32", f"{BLOCK}.mlp.fc1": "float16", f"{BLOCK}.attn.q": "float16",
+                  "patch_embed.proj": "float32", f"{BLOCK}.mlp.fc1": "float16", f"{BLOCK}.attn.qkv": "float16",
                   "head": "float16"},
     "o2": {f"{BLOCK}.norm1": "float32", "norm": "float32", f"{BLOCK}.mlp.fc1": "float16",
            f"{BLOCK}.attn.softmax": "float16", f"{BLOCK}.mlp.act": "float16"},

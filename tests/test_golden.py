@@ -82,7 +82,7 @@ FORMULATIONS += [{"qkv": "split", "patch_merging": "reshape", "rel_pos_bias": "g
                   "permute": "mint"}]
 # row Gathers: the cpu formulation (its patch embedding one MatMul), and with fused qkv (its 5-D permutation falls
 # back to ops.transpose)
-FORMULATIONS += [{"qkv": "split", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
+FORMULATIONS += [{"qkv": "fused_split", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
                   "permute": "gather", "patch_embed": "matmul"},
                  {"qkv": "fused", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
                   "permute": "gather"}]

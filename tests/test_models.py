@@ -43,7 +43,8 @@ SWITCHES = [(*combination, "transpose") for combination in itertools.product(
 SWITCHES += [("fused", "reshape", "gather", False, "mint"), ("split", "reshape", "onehot", True, "mint"),
              ("fused_split", "slice", "gather", True, "mint")]
 # row Gathers for the permutations that keep the first and last axis, ops.transpose for the others (fused qkv)
-SWITCHES += [("split", "reshape", "gather", True, "gather"), ("fused", "reshape", "onehot", False, "gather")]
+SWITCHES += [("split", "reshape", "gather", True, "gather"), ("fused", "reshape", "onehot", False, "gather"),
+             ("fused_split", "reshape", "gather", True, "gather")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -339,8 +340,8 @@ def test_switch_combination_computes_the_official_function(
     assert_computes_the_official_function(model, official_layout)
 
 
-# the official formulation and the cpu one (split q/k/v, hand-written backward passes, row Gathers)
-@pytest.mark.parametrize("qkv,merging,bias,custom_bprop,permute", [SWITCHES[0], SWITCHES[-2]])
+# the official formulation and the cpu one (q/k/v fused then split, hand-written backward passes, row Gathers)
+@pytest.mark.parametrize("qkv,merging,bias,custom_bprop,permute", [SWITCHES[0], SWITCHES[-1]])
 def test_patch_embedding_as_one_matmul_computes_the_official_conv(
     official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
     qkv: str,

@@ -29,6 +29,8 @@ __all__ = ["DEFAULT_VARIANTS", "PRESETS", "Measured", "Variant", "WorkerFailed",
            "split_groups", "step_table"]
 
 OFFICIAL = "qkv=fused, patch_merging=slice, rel_pos_bias=gather"
+CPU_REWRITES = ("model.qkv=fused_split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
+                "model.custom_bprop=true")
 PRESETS: dict[str, tuple[str, ...]] = {
     "baseline": (),  # the base overrides below: official formulation, amp o0
     "qkv=split": ("model.qkv=split",),
@@ -37,16 +39,12 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "all three": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=onehot"),
     "custom_bprop": ("model.custom_bprop=true",),
     # conf/model/formulation/cpu.yaml, what hardware=cpu trains with
-    "cpu formulation": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                        "model.custom_bprop=true", "model.permute=gather", "model.patch_embed=matmul"),
+    "cpu formulation": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=matmul"),
     # the cpu formulation with the other permutation kernels (layers.py): faster and holding memory, or slower
-    "cpu, permute=transpose": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                               "model.custom_bprop=true", "model.permute=transpose", "model.patch_embed=matmul"),
-    "cpu, permute=mint": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                          "model.custom_bprop=true", "model.permute=mint", "model.patch_embed=matmul"),
+    "cpu, permute=transpose": (*CPU_REWRITES, "model.permute=transpose", "model.patch_embed=matmul"),
+    "cpu, permute=mint": (*CPU_REWRITES, "model.permute=mint", "model.patch_embed=matmul"),
     # and with the official patch embedding, MindSpore's Conv2D (slow on CPU, layers.PatchMatMul)
-    "cpu, patch_embed=conv": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
-                              "model.custom_bprop=true", "model.permute=gather", "model.patch_embed=conv"),
+    "cpu, patch_embed=conv": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=conv"),
     "amp=o2": ("amp=o2",),
     "amp=o1_manual": ("amp=o1_manual",),
     # the cost of stochastic depth (masks drawn on the host and fed to the step): the ratio of `--variants baseline

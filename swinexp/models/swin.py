@@ -8,7 +8,7 @@ PyTorch's `weight`/`bias`.
 Three switches select equivalent formulations of the same function (the ablations of this project):
 
 - `qkv`: `fused` (one Dense, 5-D reshape/transpose, indexing; official), `split` (three Dense `q`, `k`, `v`),
-  `fused_split` (one Dense, `ops.split` into three).
+  `fused_split` (one Dense, split into three).
 - `patch_merging`: `slice` (strided slices + concat; official), `reshape` (reshape + transpose + reshape).
 - `rel_pos_bias`: `gather` (index the table; official), `onehot` (constant one-hot matrix @ table).
 
@@ -132,6 +132,8 @@ class WindowAttention(nn.Cell):
                 for w in np.split(qkv_weight, 3))  # rows in q, k, v order, as the fused weight stores them
         else:
             self.qkv = Linear(dim, 3 * dim, qkv_bias, custom_bprop, weight_init=Tensor(qkv_weight))
+        # the Split primitive: ops.split's Python is ~30 small graphs per call for the compiler
+        self.split_qkv = ops.Split(axis=-1, output_num=3) if qkv == "fused_split" else None
         self.attn_drop = KeyedDropout(attn_drop)
         self.proj = dense(dim, dim, custom_bprop=custom_bprop)
         self.proj_drop = KeyedDropout(proj_drop)
@@ -155,7 +157,7 @@ class WindowAttention(nn.Cell):
             return qkv[0], qkv[1], qkv[2]
         if self.qkv_mode == "split":
             return self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
-        q, k, v = ops.split(self.qkv(x), c, axis=-1)  # 3 x (B_, N, C), the rows of the fused weight in q, k, v order
+        q, k, v = self.split_qkv(self.qkv(x))  # 3 x (B_, N, C), the rows of the fused weight in q, k, v order
         return self._heads(q), self._heads(k), self._heads(v)
 
     def _relative_position_bias(self) -> Tensor:
