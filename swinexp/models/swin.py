@@ -150,7 +150,7 @@ class WindowAttention(nn.Cell):
         return self.reorder(x, (0, 2, 1, 3))  # (B_, heads, N, hd)
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        b_, n, c = x.shape
+        b_, n, _ = x.shape
         if self.qkv_mode == "fused":
             qkv = ops.reshape(self.qkv(x), (b_, n, 3, self.num_heads, self.head_dim))  # (B_, N, 3, heads, hd)
             qkv = self.reorder(qkv, (2, 0, 3, 1, 4))  # (3, B_, heads, N, hd)
