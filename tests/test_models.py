@@ -327,7 +327,13 @@ def official_layout() -> tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, 
     return x, state_of(model), outputs_and_grads(model, x)
 
 
-@pytest.mark.parametrize("qkv,merging,bias,custom_bprop,permute", SWITCHES[1:])
+# every combination with the official conv embedding; the embedding as one MatMul in the official formulation and
+# in the cpu one (q/k/v fused then split, hand-written backward passes, row Gathers)
+EMBEDDINGS = [(*switches, "conv") for switches in SWITCHES[1:]]
+EMBEDDINGS += [(*SWITCHES[0], "matmul"), (*SWITCHES[-1], "matmul")]
+
+
+@pytest.mark.parametrize("qkv,merging,bias,custom_bprop,permute,patch_embed", EMBEDDINGS)
 def test_switch_combination_computes_the_official_function(
     official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
     qkv: str,
@@ -335,37 +341,16 @@ def test_switch_combination_computes_the_official_function(
     bias: str,
     custom_bprop: bool,
     permute: str,
+    patch_embed: str,
 ) -> None:
-    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute)
-    assert_computes_the_official_function(model, official_layout)
-
-
-# the official formulation and the cpu one (q/k/v fused then split, hand-written backward passes, row Gathers)
-@pytest.mark.parametrize("qkv,merging,bias,custom_bprop,permute", [SWITCHES[0], SWITCHES[-1]])
-def test_patch_embedding_as_one_matmul_computes_the_official_conv(
-    official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
-    qkv: str,
-    merging: str,
-    bias: str,
-    custom_bprop: bool,
-    permute: str,
-) -> None:
-    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute,
-                  patch_embed="matmul")
-    assert isinstance(model.patch_embed.proj, PatchMatMul)
-    assert_computes_the_official_function(model, official_layout)
-
-
-def assert_computes_the_official_function(
-    model: SwinTransformer,
-    official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
-) -> None:
-    """Loaded with the official formulation's weights, `model` gives its logits and gradients (image, weights)."""
+    """Loaded with the official formulation's weights, every variant gives its logits and gradients."""
     x, state, (ref_out, ref_gx, ref_gp) = official_layout
-    split = model.layers[0].blocks[0].attn.qkv_mode == "split"
-    load_state(model, split_qkv(state) if split else state)
+    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute,
+                  patch_embed=patch_embed)
+    assert isinstance(model.patch_embed.proj, PatchMatMul) == (patch_embed == "matmul")
+    load_state(model, split_qkv(state) if qkv == "split" else state)
     out, gx, gp = outputs_and_grads(model, x)
-    gp = fuse_qkv(gp) if split else gp
+    gp = fuse_qkv(gp) if qkv == "split" else gp
     assert np.abs(out - ref_out).max() < 1e-5
     assert np.abs(gx - ref_gx).max() <= 1e-4 * np.abs(ref_gx).max()
     assert gp.keys() == ref_gp.keys()

@@ -737,7 +737,7 @@ class PatchEmbed(nn.Cell):
     def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, patch_norm: bool,
                  permute_mode: str = "transpose", custom_bprop: bool = False, kernel: str = "conv") -> None:
         super().__init__()
-        self.reorder = Permute(permute_mode)
+        self.reorder = Permute(permute_mode) if kernel == "conv" else None  # PatchMatMul returns tokens
         self.img_size = img_size
         self.patch_size = patch_size
         self.patches_resolution = img_size // patch_size
@@ -752,10 +752,8 @@ class PatchEmbed(nn.Cell):
         self.norm = LastAxisLayerNorm(embed_dim, custom_bprop) if patch_norm else None
 
     def construct(self, x: Tensor) -> Tensor:
-        if self.kernel == "matmul":
-            x = self.proj(x)  # (B, H/p*W/p, C)
-        else:
-            x = self.proj(x)  # (B, C, H/p, W/p)
+        x = self.proj(x)  # conv: (B, C, H/p, W/p); matmul: already (B, H/p*W/p, C)
+        if self.reorder is not None:
             b, c, h, w = x.shape
             x = self.reorder(ops.reshape(x, (b, c, h * w)), (0, 2, 1))  # (B, H/p*W/p, C)
         if self.norm is not None:
