@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp.amp import AmpPolicy
+from swinexp.amp import AmpPolicy, overflow
 from swinexp.config import HardwareCfg, TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
 from swinexp.data.datasets import check_data_args
@@ -39,6 +40,7 @@ class Experiment:
     tracker: Tracker
     steps_per_epoch: int             # optimizer steps; each takes trainer.accumulation_steps batches
     total_batch: int = 0             # images per optimizer step: batch x devices x accumulation_steps
+    overflow_check: str = "isfinite"  # how the step sees fp16 overflow on this device (amp/overflow.resolve)
 
 
 def node(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -71,6 +73,9 @@ def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
         raise ConfigError(f"trainer.ema.decay={trainer.ema.decay} must be in (0, 1), e.g. 0.9998, or null to disable")
     if trainer.clip_grad is not None and trainer.clip_grad <= 0:
         raise ConfigError(f"trainer.clip_grad={trainer.clip_grad} must be > 0, or null to disable clipping")
+    if trainer.log_every_n_steps < 1:
+        raise ConfigError(f"trainer.log_every_n_steps={trainer.log_every_n_steps} must be >= 1 (optimizer steps "
+                          "between the host's reads of the step outputs)")
     if not 0 <= trainer.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={trainer.label_smoothing} must be in [0, 1)")
     return trainer
@@ -153,13 +158,31 @@ def build_data_spec(cfg: DictConfig) -> DataSpec:
     return DATASETS.build(data_node(cfg)[0])
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Every check that needs no file, network, model or data: trainer, hardware backend, amp, the data keys and
-    that its root exists. Runs before a tracker store is opened, a model is built, or msrun starts workers."""
+def check_config(cfg: DictConfig, backend: bool = True) -> None:
+    """Every check that needs no file, network, model or data: trainer, hardware backend, amp on that hardware, the
+    data keys and that its root exists. Runs before a tracker store is opened, a model is built, or msrun starts
+    workers.
+
+    Args:
+        backend: also check that this MindSpore build can run hardware.device_target (not for a dry run).
+    """
     trainer_cfg(cfg)
-    hardware.check_backend(hardware_cfg(cfg))
-    build_amp(cfg)
+    hw = hardware_cfg(cfg)
+    if backend:
+        hardware.check_backend(hw)
+    check_amp_on_hardware(build_amp(cfg), hw)
     check_data_args(data_node(cfg)[0])
+
+
+def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:
+    """A precision policy the card cannot run, refused before launch (the first-generation 910 has no bfloat16)."""
+    if hw.device_target == "CPU" and amp.dtype == ms.bfloat16:
+        raise ConfigError("amp.dtype=bfloat16: MindSpore's CPU backend has no bfloat16 MatMul/Conv2D kernels, so the "
+                          "network cannot run; use amp.dtype=float16 on CPU, or bfloat16 with a GPU/Ascend hardware "
+                          "config")
+    if hw.chip == overflow.FIRST_GENERATION and amp.dtype == ms.bfloat16:
+        raise ConfigError(f"amp.dtype=bfloat16 but hardware.chip={hw.chip} (the first-generation Ascend 910) has no "
+                          "bfloat16 kernels; use amp.dtype=float16 there, or hardware.chip=ascend910b on a 910B")
 
 
 def total_batch_size(cfg: DictConfig, batch_size: int) -> int:
@@ -234,5 +257,7 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
                           "batches of an epoch; lower it or raise trainer.limit_train_batches / the data size")
     total_batch = total_batch_size(cfg, spec.batch_size)
     optimizer, schedule = build_optimization(cfg, model, steps, total_batch)
+    hw = hardware_cfg(cfg)
     return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
-                      total_batch=total_batch)
+                      total_batch=total_batch, overflow_check=overflow.resolve(hw.overflow_check, hw.device_target,
+                                                                               hw.chip))

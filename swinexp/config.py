@@ -55,6 +55,8 @@ class TrainerCfg:
     label_smoothing: float = 0.1                # folded into the soft targets of the cross entropy
     limit_train_batches: Optional[int] = None   # cap on batches per epoch (quick runs); null = whole epoch
     limit_val_batches: Optional[int] = None     # cap on validation batches; null = whole val set
+    log_every_n_steps: int = 50                 # the host reads the step outputs (loss, overflow, ...) every N
+                                                # optimizer steps, at checkpoints and epoch ends; no sync between
     progress_bar: bool = True                   # tqdm bar per epoch (loss, lr, images/s)
     eval_only: bool = False                     # only evaluate (e.g. model.pretrained=...), logged at step 0
     amp_report: bool = True                     # log the per-cell dtype table and fp32 drift report as artifacts
@@ -73,6 +75,10 @@ class HardwareCfg:
     jit_level: Optional[str] = None             # MindSpore graph kernel level O0/O1/O2; null = backend default
     cpu_threads: Optional[int] = None           # CPU kernel threads; null = the cores this process may run on
     memory_optimize_level: Optional[str] = None  # O0 | O1 (memory reuse across the graph); null = backend default
+    chip: Optional[str] = None                  # ascend910 (Atlas training series: saturation mode, no bf16) |
+                                                # ascend910b | ...; null = read from the card at start (Ascend)
+    overflow_check: str = "auto"                # auto | isfinite | status_register (amp/overflow.py): how fp16
+                                                # overflow is seen; auto = the status register on a saturating card
     compile_cache: bool = False                 # reuse the graphs an identical config compiled (compile_cache.py)
     compile_cache_dir: Optional[str] = None     # where; null = $XDG_CACHE_HOME/swinexp/compile (~/.cache/...)
     num_devices: int = 1                        # worker processes per node

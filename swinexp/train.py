@@ -14,11 +14,21 @@ from pathlib import Path
 from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp import amp_report, recipe
-from swinexp.build import Experiment, build_experiment, build_model, build_tracker, check_config, hardware_cfg
+from swinexp import recipe
+from swinexp.amp import report as amp_report
+from swinexp.build import (
+    Experiment,
+    build_amp,
+    build_experiment,
+    build_model,
+    build_tracker,
+    check_config,
+    hardware_cfg,
+)
 from swinexp.config import HardwareCfg
 from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
+from swinexp.registry import ConfigError
 from swinexp.runtime import compile_cache, hardware, launch, phases
 from swinexp.runtime.interrupt import Interrupted
 from swinexp.saved_run import CLASSES_FILE
@@ -143,21 +153,25 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     """
     hw = hardware_cfg(cfg)
     if cfg.dry_run:
+        check_config(cfg, backend=False)  # a combination that cannot run fails here, on any machine
+        warn_embedded_data(cfg, hw)
         print(launch.dry_run_report(cfg, hw, job.relaunch_args(), job.run_dir))
         print(recipe.describe(cfg, hw))
         return {}
     hardware.check_backend(hw)
+    if not launch.is_worker():
+        warn_embedded_data(cfg, hw)
     if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
         check_config(cfg)  # a config error never waits for msrun (a single run logs it as a FAILED run)
         status = launch.launch(hw, launch.entry_script(), job.relaunch_args(), job.run_dir)
         if status != 0:
             raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
         return {}
-    hardware.apply(hw, int(cfg.seed), bool(cfg.trainer.deterministic))
+    hardware.apply(hw, int(cfg.seed), bool(cfg.trainer.deterministic), build_amp(cfg).ascend_precision_mode)
     if launch.is_scheduler():  # msrun's scheduler has served the cluster inside init(); nothing else to do
         return {}
     if cfg.inspect:  # inspect=amp | inspect=drift: print the precision report and stop
-        print(amp_report.inspect(cfg))
+        print(inspect_precision(cfg, hw))
         return {}
     if launch.rank() != 0:  # the other ranks train the same steps silently: one log, one run, one checkpoint
         log.setLevel(logging.WARNING)
@@ -167,6 +181,31 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
                            "handling)")
     compile_cache.enable(cfg)
     return train(cfg, job, hw)
+
+
+def warn_embedded_data(cfg: DictConfig, hw: HardwareCfg) -> None:
+    """One line when an accelerator preset would train on the embedded synthetic shapes (the default data)."""
+    if hw.device_target != "CPU" and cfg.data.name == "synthetic":
+        log.warning("hardware=%s trains on the embedded synthetic dataset (%d px shapes, the laptop default); for "
+                    "ImageNet use experiment=swin_tiny_in1k data.root=/path/to/imagenet (or data=imagenet)",
+                    hw.device_target, int(cfg.data.img_size))
+
+
+def inspect_precision(cfg: DictConfig, hw: HardwareCfg) -> str:
+    """The text `inspect=amp|drift` prints: per-cell compute dtypes, or the policy's drift against fp32."""
+    what = cfg.get("inspect")
+    if what not in amp_report.INSPECTIONS:
+        raise ConfigError(f"inspect={what} is not valid; choose one of: {', '.join(amp_report.INSPECTIONS)}, "
+                          f"e.g. python run.py amp=o2 inspect=drift")
+    policy = build_amp(cfg)
+    header = ("hardware: " + ", ".join(f"{k}={v}" for k, v in hardware.context_summary(
+        hw, policy.ascend_precision_mode).items() if k in ("device_target", "chip", "overflow_check",
+                                                           "ascend_precision_mode")))
+    if what == "amp":  # no data needed: build only the model and the policy
+        return header + "\n" + amp_report.dtype_table(policy.apply(build_model(cfg)), policy)
+    exp = build_experiment(cfg, tracker=NullTracker())  # an inspection is not a tracked run
+    images, _ = next(iter(exp.val_loader.epoch(0)))
+    return header + "\n" + amp_report.artifacts(build_model(cfg), exp.model, exp.amp, images)["amp_drift.txt"]
 
 
 def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
@@ -197,7 +236,8 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         exp = build_experiment(cfg, tracker)
         config = OmegaConf.to_container(cfg, resolve=True)  # with the class count a folder dataset found
         if resume_from is None:  # a resumed run has its params and inputs already
-            tracker.log_params({k: v for k, v in flatten(config).items() if k not in RUN_STATE_KEYS})
+            tracker.log_params({**{k: v for k, v in flatten(config).items() if k not in RUN_STATE_KEYS},
+                                "hardware.overflow_check_resolved": exp.overflow_check})
             log_data(tracker, exp, str(cfg.data.name), job.run_dir)
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         tracker.log_artifact(job.run_dir / "config.yaml")

@@ -8,7 +8,9 @@ from mindspore import Tensor, nn
 from omegaconf import OmegaConf
 
 from swinexp.amp import AmpPolicy
-from swinexp.amp_report import compute_cells, compute_dtypes, drift_report, dtype_table
+from swinexp.amp.report import compute_cells, compute_dtypes, drift_report, dtype_table
+from swinexp.build import check_amp_on_hardware
+from swinexp.config import HardwareCfg
 from swinexp.engine.step import make_train_step
 from swinexp.optim import adamw
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
@@ -113,9 +115,15 @@ def test_drift_is_zero_for_o0_and_small_but_nonzero_for_o3() -> None:
         assert all(low <= err <= high for err in rows.values()), report
 
 
-def test_bfloat16_on_cpu_says_why_and_what_to_use() -> None:
-    with pytest.raises(ConfigError, match=r"amp.dtype=bfloat16.*CPU.*amp.dtype=float16"):
-        AMP_POLICIES.build({"name": "o2", "dtype": "bfloat16"})
+@pytest.mark.parametrize("hardware,match", [
+    (HardwareCfg(), r"amp.dtype=bfloat16.*CPU.*amp.dtype=float16"),
+    (HardwareCfg(device_target="Ascend", chip="ascend910"), r"bfloat16 but hardware.chip=ascend910.*float16"),
+])
+def test_bfloat16_where_the_device_has_none_says_why_and_what_to_use(hardware: HardwareCfg, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        check_amp_on_hardware(AMP_POLICIES.build({"name": "o2", "dtype": "bfloat16"}), hardware)
+    check_amp_on_hardware(AMP_POLICIES.build({"name": "o2", "dtype": "bfloat16"}),
+                          HardwareCfg(device_target="Ascend", chip="ascend910b"))  # a 910B has bf16
 
 
 @pytest.mark.parametrize("node,match", [

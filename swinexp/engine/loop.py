@@ -12,12 +12,13 @@ import numpy as np
 from mindspore import nn
 from tqdm import tqdm
 
+from swinexp.amp import overflow
 from swinexp.build import Experiment
 from swinexp.config import TrainerCfg
 from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import evaluate, make_eval_step
 from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
-from swinexp.engine.step import TrainStep, make_train_step
+from swinexp.engine.step import StepOutput, TrainStep, make_train_step, read_all
 from swinexp.runtime import launch, phases
 from swinexp.runtime.interrupt import Interrupted, StopRequest, stop_on_signals
 
@@ -63,7 +64,8 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
     """
     trainer, distributed = exp.trainer, launch.is_worker()
     train_step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, jit,
-                                 trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay, distributed)
+                                 trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay, distributed,
+                                 overflow_check=overflow.make(exp.overflow_check))
     eval_step = make_eval_step(exp.model, jit)
     progress = _starting_progress(exp, train_step, resume_from, config, choices)
     checkpoints = _Checkpoints(checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last), exp,
@@ -123,59 +125,93 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
                  stop: StopRequest, profiler: StepProfiler | None, start: float, run_dir: Path) -> float:
     """Train the rest of epoch `progress.epoch`; return the LR of its last optimizer step (nan: none taken here).
 
+    The host never waits for the device between read points: step outputs stay on the device and are read in one
+    transfer every trainer.log_every_n_steps optimizer steps, before a checkpoint and at the epoch's end
+    (`_Readback`); the optimizer step and the LR are counted on the host.
+
     Raises:
         Interrupted: a signal arrived (checkpointed after the current optimizer step).
-        NonFiniteLoss: trainer.max_nonfinite non-finite losses in a row (the last good state checkpointed).
+        NonFiniteLoss: trainer.max_nonfinite non-finite losses in a row (the state at that read point checkpointed).
     """
-    trainer, optimizer = exp.trainer, exp.optimizer
+    trainer = exp.trainer
     micro_batches = exp.steps_per_epoch * trainer.accumulation_steps
     exp.model.set_train(True)
     bar = tqdm(total=exp.steps_per_epoch, initial=progress.batches_done // trainer.accumulation_steps,
                desc=f"epoch {progress.epoch + 1}/{trainer.epochs}", leave=False, dynamic_ncols=True,
                disable=not (trainer.progress_bar and checkpoints.main_rank))
-    nonfinite_run, lr = 0, float("nan")
+    readback = _Readback(exp, progress, bar, start)
+    lr = float("nan")
     batches = exp.train_loader.epoch(progress.epoch, start_batch=progress.batches_done)
     for images, targets in _limit(batches, micro_batches - progress.batches_done):
-        step_number = _optimizer_step(optimizer) + 1
+        step_number = train_step.optimizer_step + 1
         if profiler:
             profiler.before_step(step_number)
         out = train_step(images, targets)
         phases.mark("step")
         progress.batches_done += 1
-        progress.losses.append(out.loss)
         progress.seen += int(images.shape[0])
-        nonfinite_run = 0 if math.isfinite(out.loss) else nonfinite_run + 1
+        # the optimizer step's place in the epochs (overflow skips count), so a resume logs no step twice
+        readback.add(out, progress.epoch * exp.steps_per_epoch + progress.batches_done // trainer.accumulation_steps)
         if not out.updated:
             continue
         if profiler:
             profiler.after_step(step_number)
-        progress.overflow_steps += out.overflow
-        progress.loss_scale = out.loss_scale
-        # step = the optimizer step's place in the epochs (overflow skips count), so a resume logs no step twice
-        exp.tracker.log_step_metrics({
-            "step/train/loss": float(np.mean(progress.losses[-trainer.accumulation_steps:])),
-            "step/train/loss_scale": out.loss_scale, "step/train/overflow": float(out.overflow)},
-            step=progress.epoch * exp.steps_per_epoch + progress.batches_done // trainer.accumulation_steps)
-        if not out.overflow:
-            progress.grad_norms.append(out.grad_norm)
         bar.update()
         # the LR of the last optimizer step (an overflow-skipped step advances the schedule too)
-        lr = float(exp.lr_schedule[max(_optimizer_step(optimizer) - 1, 0)])
-        bar.set_postfix(loss=f"{out.loss:.4f}", lr=f"{lr:.2e}",
-                        img_s=f"{progress.seen / (time.perf_counter() - start):.1f}")
-        if nonfinite_run >= trainer.max_nonfinite:
+        lr = float(exp.lr_schedule[max(train_step.optimizer_step - 1, 0)])
+        every = trainer.checkpoint.every_n_steps
+        mid_epoch_due = every and train_step.optimizer_step % every == 0 and progress.batches_done < micro_batches
+        if (stop.signum is not None or mid_epoch_due or progress.batches_done == micro_batches
+                or train_step.optimizer_step % trainer.log_every_n_steps == 0):
+            readback.read(lr)
+        if readback.nonfinite_run >= trainer.max_nonfinite:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)  # the updates of non-finite steps were skipped: these are the last good weights
-            raise _nonfinite_error(exp, progress, nonfinite_run, run_dir)
-        every = trainer.checkpoint.every_n_steps
-        mid_epoch_due = every and _optimizer_step(optimizer) % every == 0 and progress.batches_done < micro_batches
+            raise _nonfinite_error(exp, progress, readback.nonfinite_run, run_dir)
         if stop.signum is not None or mid_epoch_due:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
+    readback.read(lr)  # a resumed epoch with nothing left to train, or a limit that ended it early
     bar.close()
     return lr
+
+
+class _Readback:
+    """The step outputs the host has not looked at yet, and what it does with them once read in one transfer."""
+
+    def __init__(self, exp: Experiment, progress: Progress, bar: tqdm, start: float) -> None:
+        self.exp, self.progress, self.bar, self.start = exp, progress, bar, start
+        self.pending: list[tuple[StepOutput, int]] = []
+        self.nonfinite_run = 0  # non-finite micro-batch losses in a row, up to the last read
+
+    def add(self, out: StepOutput, step: int) -> None:
+        self.pending.append((out, step))
+
+    def read(self, lr: float) -> None:
+        """Copy the pending outputs to the host (one sync) and account for them: epoch sums, step metrics, bar."""
+        if not self.pending:
+            return
+        read_all([out for out, _ in self.pending])
+        progress, accumulation = self.progress, self.exp.trainer.accumulation_steps
+        for out, step in self.pending:
+            progress.losses.append(out.loss)
+            self.nonfinite_run = 0 if math.isfinite(out.loss) else self.nonfinite_run + 1
+            if not out.updated:
+                continue
+            progress.overflow_steps += out.overflow
+            progress.loss_scale = out.loss_scale
+            if not out.overflow:
+                progress.grad_norms.append(out.grad_norm)
+            self.exp.tracker.log_step_metrics({
+                "step/train/loss": float(np.mean(progress.losses[-accumulation:])),
+                "step/train/loss_scale": out.loss_scale, "step/train/overflow": float(out.overflow)}, step=step)
+            if self.nonfinite_run >= self.exp.trainer.max_nonfinite:
+                break  # the caller stops the run here
+        self.pending = []
+        self.bar.set_postfix(loss=f"{progress.losses[-1]:.4f}", lr=f"{lr:.2e}",
+                             img_s=f"{progress.seen / (time.perf_counter() - self.start):.1f}")
 
 
 def _nonfinite_error(exp: Experiment, progress: Progress, nonfinite_run: int, run_dir: Path) -> NonFiniteLoss:

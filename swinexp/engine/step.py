@@ -3,7 +3,10 @@
 One optimizer step per `accumulation_steps` micro-batches. Per micro-batch the scaled gradient is added to a
 persistent buffer; the last micro-batch of a window then unscales the sum (divided by N), checks it is finite,
 clips its global norm, updates the optimizer (and EMA), adjusts the loss scale, and clears the buffer by
-subtraction. All of that runs inside one jitted function per micro-batch kind; the host only counts micro-batches.
+subtraction. All of that runs inside one jitted function per micro-batch kind; the host only counts micro-batches
+and optimizer steps, and reads the step's outputs when it needs them (`StepOutput`, `read_all`): no device sync per
+step. How overflow is seen depends on the device (`amp/overflow.py`: the gradients' norm, or an Ascend 910's float
+status register, cleared before each forward and read after its backward).
 
 The model's random decisions (stochastic depth, dropout) are inputs of the step, drawn on the host per micro-batch
 from counters (seed, rank, optimizer step, micro-batch, site; models/randomness.py): no kernel RNG state, so a
@@ -12,13 +15,15 @@ resumed or repeated run draws exactly what the original drew.
 from __future__ import annotations
 
 import logging
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from mindspore.amp import DynamicLossScaler, all_finite
+from mindspore.amp import DynamicLossScaler
 
 from swinexp.amp import AmpPolicy
+from swinexp.amp.overflow import FiniteCheck
 from swinexp.models.randomness import RandomSites, draw, philox_key
 from swinexp.registry import ConfigError
 from swinexp.runtime import launch
@@ -28,14 +33,60 @@ log = logging.getLogger("swinexp")
 ACCUMULATE_ON = ("device", "cpu")
 
 
-class StepOutput(NamedTuple):
-    """What one micro-batch reports; the update fields are meaningful only when `updated` is True."""
+class StepOutput:
+    """What one micro-batch reports, kept on the device until it is read.
 
-    loss: float           # this micro-batch's unscaled loss
-    updated: bool         # this micro-batch closed an accumulation window (an optimizer step was attempted)
-    grad_norm: float      # global L2 norm of the unscaled, accumulated gradient before clipping
-    overflow: bool        # the gradient was not finite: the optimizer step was skipped
-    loss_scale: float     # the scale the window's gradients were computed with
+    The step packs (loss, grad norm, overflow, loss scale) into one fp32 vector inside the jitted graph; nothing is
+    copied to the host until a field is read, so the host can queue the next step while the device runs this one.
+    `read_all` copies many outputs with one transfer (the loop does that every trainer.log_every_n_steps). The
+    update fields are meaningful only when `updated` is True (nan / False otherwise).
+    """
+
+    __slots__ = ("packed", "updated", "_values")
+
+    def __init__(self, packed: Tensor, updated: bool) -> None:
+        self.packed = packed    # fp32 (4,): loss, grad_norm, overflow (0/1), loss_scale
+        self.updated = updated  # this micro-batch closed an accumulation window (an optimizer step was attempted)
+        self._values: np.ndarray | None = None
+
+    def values(self) -> np.ndarray:
+        if self._values is None:
+            self._values = self.packed.asnumpy()
+        return self._values
+
+    @property
+    def loss(self) -> float:
+        """This micro-batch's unscaled loss."""
+        return float(self.values()[0])
+
+    @property
+    def grad_norm(self) -> float:
+        """Global L2 norm of the unscaled, accumulated gradient before clipping."""
+        return float(self.values()[1])
+
+    @property
+    def overflow(self) -> bool:
+        """The gradient overflowed (not finite, or the device's status register said so): the update was skipped."""
+        return bool(self.values()[2])
+
+    @property
+    def loss_scale(self) -> float:
+        """The scale the window's gradients were computed with."""
+        return float(self.values()[3])
+
+
+def read_all(outputs: list[StepOutput]) -> None:
+    """Copy every unread output to the host in one transfer (one device sync instead of one per output)."""
+    unread = [o for o in outputs if o._values is None]
+    if not unread:
+        return
+    values = (ops.stack([o.packed for o in unread]) if len(unread) > 1 else unread[0].packed[None]).asnumpy()
+    for output, row in zip(unread, values):
+        output._values = row
+
+
+def _pack(loss: Tensor, norm: Tensor, overflow: Tensor, scale: Tensor) -> Tensor:
+    return ops.stack([ops.cast(v, ms.float32).reshape(()) for v in (loss, norm, overflow, scale)])
 
 
 def soft_target_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -168,11 +219,13 @@ class TrainStep:
         distributed: data parallel under msrun: average the accumulated gradient over ranks at the update only
             (not per micro-batch), before unscaling, the overflow check and clipping. Each rank draws its own masks.
         seed: keys the draws; None takes the process seed (`mindspore.get_seed()`, set by `hardware.apply`).
+        overflow_check: how overflow is seen on this device (amp/overflow.py); None: `isfinite`.
     """
 
     def __init__(self, model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None = None,
                  jit: bool = True, accumulation_steps: int = 1, accumulate_on: str = "device",
-                 ema_decay: float | None = None, distributed: bool = False, seed: int | None = None) -> None:
+                 ema_decay: float | None = None, distributed: bool = False, seed: int | None = None,
+                 overflow_check: FiniteCheck | None = None) -> None:
         if accumulation_steps < 1:
             raise ConfigError(f"trainer.accumulation_steps={accumulation_steps} must be >= 1")
         if accumulate_on not in ACCUMULATE_ON:
@@ -185,20 +238,24 @@ class TrainStep:
         self._micro = 0  # micro-batches seen in the current window (host-side: it picks the function to call)
         self.sites = random_sites(model)
         self.global_step = optimizer.global_step
+        self._host_step: int | None = None  # optimizer steps so far, counted on the host after one first read
+        guard = self.overflow_check = overflow_check if overflow_check is not None else FiniteCheck()
         seed = (ms.get_seed() or 0) if seed is None else seed
         self.key = philox_key(int(seed), launch.rank() if distributed else 0)
         grad_fn = ms.value_and_grad(self._forward_fn(model), None, self.params, has_aux=True)
         apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed, amp.loss_scale == "none")
-        owners = {"model": model, "optimizer": optimizer, "state": ParameterTuple(self.state().values())}
+        owners = {"model": model, "optimizer": optimizer, "state": ParameterTuple(self.state().values()),
+                  "overflow_check": guard}
 
         def compile_(fn: Callable[..., object]) -> Callable[..., object]:
             return ms.jit(GraphStep(fn, owners)) if jit else fn
 
         if accumulation_steps == 1:
             # no buffer at all: the update consumes this micro-batch's gradient directly
-            def fused(images: Tensor, targets: Tensor, *draws: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-                (_, loss), grads = grad_fn(images, targets, *draws)
-                return (loss, *apply_update(grads, 1.0, ops.ones((), ms.bool_)))
+            def fused(images: Tensor, targets: Tensor, *draws: Tensor) -> Tensor:
+                (_, loss), grads = grad_fn(guard.clear(images), targets, *draws)
+                grads = guard.saturate(grads)
+                return _pack(loss, *apply_update(grads, 1.0, guard.window_clean(grads)))
 
             self._last = compile_(fused)
             return
@@ -215,23 +272,27 @@ class TrainStep:
             assign_sub.set_device("CPU")
             _explain_cpu_placement(jit)
 
-        def accumulate(images: Tensor, targets: Tensor, *draws: Tensor) -> Tensor:
-            (_, loss), grads = grad_fn(images, targets, *draws)
-            finite = all_finite(grads)
-            if finite:
+        def accumulate_one(images: Tensor, targets: Tensor, *draws: Tensor) -> Tensor:
+            (_, loss), grads = grad_fn(guard.clear(images), targets, *draws)
+            grads = guard.saturate(grads)
+            if guard.micro_clean(grads):
                 _map(ops.partial(_accumulate, assign_add), accum, grads)
             else:
                 ops.assign(window_overflow, ops.ones((), ms.bool_))
             return loss
 
-        def accumulate_and_update(images: Tensor, targets: Tensor,
-                                  *draws: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-            loss = accumulate(images, targets, *draws)
+        def accumulate(images: Tensor, targets: Tensor, *draws: Tensor) -> Tensor:
+            loss = accumulate_one(images, targets, *draws)
+            nan = ops.fill(ms.float32, (), float("nan"))
+            return _pack(loss, nan, ops.zeros((), ms.float32), nan)
+
+        def accumulate_and_update(images: Tensor, targets: Tensor, *draws: Tensor) -> Tensor:
+            loss = accumulate_one(images, targets, *draws)
             clean = ops.logical_not(window_overflow)
             out = apply_update(tuple(accum), float(accumulation_steps), clean)
             _map(ops.partial(_clear, assign_sub), accum)
             ops.assign(window_overflow, ops.zeros((), ms.bool_))
-            return (loss, *out)
+            return _pack(loss, *out)
 
         self._accumulate = compile_(accumulate)
         self._last = compile_(accumulate_and_update)
@@ -266,8 +327,9 @@ class TrainStep:
             if not (unscaled and count == 1.0):  # decided when the graph is built: no pass of x1.0 over every grad
                 grads = scale_all(grads, 1.0 / (scale * count))
             norm = global_norm(grads, dot_norm)
-            # finite norm <=> finite gradients (short of a norm above 1.8e19, a diverged run), and no second pass
-            # over every gradient: all_finite's per-parameter checks cost ~1.5 s of compile and ~0.15 s per step
+            # finite norm <=> finite gradients on an IEEE device (short of a norm above 1.8e19, a diverged run), and
+            # no second pass over every gradient: all_finite's per-parameter checks cost ~1.5 s of compile and
+            # ~0.15 s per step. A saturating Ascend keeps the norm finite: there `clean` carries its status register.
             finite = ops.logical_and(ops.isfinite(norm), clean)
             if finite:
                 if clip_grad is not None:
@@ -285,22 +347,33 @@ class TrainStep:
 
         return apply_update
 
+    @property
+    def optimizer_step(self) -> int:
+        """Optimizer steps taken (overflow-skipped ones included, as `optimizer.global_step` counts them).
+
+        Read from the device once, the first time (after a checkpoint was loaded into the optimizer), then counted
+        on the host: every window advances `global_step` by one, skipped or not, so no read is needed per step.
+        """
+        if self._host_step is None:
+            self._host_step = int(self.global_step.asnumpy().reshape(-1)[0])
+        return self._host_step
+
     def draws(self, batch: int) -> tuple[Tensor, ...]:
         """The random inputs of the next micro-batch (empty for a model without random sites)."""
         if self.sites is None:
             return ()
-        step = int(self.global_step.asnumpy().reshape(-1)[0])
-        return tuple(Tensor(a) for a in draw(self.sites, self.key, step, self._micro, batch))
+        return tuple(Tensor(a) for a in draw(self.sites, self.key, self.optimizer_step, self._micro, batch))
 
     def __call__(self, images: Tensor, targets: Tensor) -> StepOutput:
+        step = self.optimizer_step
         draws = self.draws(int(images.shape[0]))
         self._micro += 1
         if self._micro < self.accumulation_steps:
-            loss = self._accumulate(images, targets, *draws)
-            return StepOutput(float(loss), False, float("nan"), False, float("nan"))
+            return StepOutput(self._accumulate(images, targets, *draws), False)
         self._micro = 0
-        loss, norm, overflow, scale = self._last(images, targets, *draws)
-        return StepOutput(float(loss), True, float(norm), bool(overflow), float(scale))
+        packed = self._last(images, targets, *draws)
+        self._host_step = step + 1
+        return StepOutput(packed, True)
 
     def state(self) -> dict[str, Parameter]:
         """What a checkpoint must hold beside model and optimizer to resume exactly: the loss scaler's scale and
@@ -330,7 +403,8 @@ def _explain_cpu_placement(jit: bool) -> None:
 
 def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None,
                     jit: bool, accumulation_steps: int = 1, accumulate_on: str = "device",
-                    ema_decay: float | None = None, distributed: bool = False, seed: int | None = None) -> TrainStep:
+                    ema_decay: float | None = None, distributed: bool = False, seed: int | None = None,
+                    overflow_check: FiniteCheck | None = None) -> TrainStep:
     """Build the train step; see TrainStep for the arguments."""
     return TrainStep(model, optimizer, amp, clip_grad, jit, accumulation_steps, accumulate_on, ema_decay,
-                     distributed, seed)
+                     distributed, seed, overflow_check)

@@ -183,7 +183,7 @@ class ReferenceTrainer:
 
 
 def stage_names(model: SwinTransformer) -> dict[str, torch.nn.Module]:
-    """swinexp's stage names (amp_report.stage_outputs) -> timm module; timm opens stage i+1 with stage i's merge."""
+    """swinexp's stage names (amp.report.stage_outputs) -> timm module; timm opens stage i+1 with stage i's merge."""
     names: dict[str, torch.nn.Module] = {"patch_embed": model.patch_embed}
     for i, layer in enumerate(model.layers):
         if i > 0:

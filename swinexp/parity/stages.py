@@ -1,6 +1,6 @@
 """swinexp's side of the per-stage comparison: every stage output and the loss gradient with respect to it.
 
-The stages are those of `amp_report.stage_outputs` (patch embedding, every block, every patch merging, final
+The stages are those of `amp.report.stage_outputs` (patch embedding, every block, every patch merging, final
 norm, head). Gradients run backward one stage at a time (`ms.vjp` of each sub-cell at its recorded input), so
 each sub-cell keeps its AMP casts and the walk works in graph and pynative mode alike, without hooks.
 """
@@ -10,7 +10,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from swinexp.amp_report import unwrap
+from swinexp.amp.report import unwrap
 
 
 class _PooledHead(nn.Cell):
@@ -25,7 +25,7 @@ class _PooledHead(nn.Cell):
 
 
 def stage_cells(network: nn.Cell) -> list[tuple[str, nn.Cell]]:
-    """(name, cell) in forward order; names as amp_report.stage_outputs and reference.stage_names."""
+    """(name, cell) in forward order; names as amp.report.stage_outputs and reference.stage_names."""
     net = unwrap(network)
     if net.ape:
         raise ValueError("model.ape=true has no counterpart in timm's Swin; compare with model.ape=false")

@@ -10,12 +10,15 @@ import numpy as np
 from mindspore._c_expression import MSContext
 from mindspore.communication import get_group_size, init
 
+from swinexp.amp import KEEP_ORIGIN, overflow
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
 
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 MEMORY_LEVELS = ("O0", "O1")
+# MindSpore's names (MSContext.get_ascend_soc_version) for the card families swinexp knows what to do on
+ASCEND_CHIPS = ("ascend910", "ascend910b", "ascend910_93")
 
 
 def validate(hw: HardwareCfg) -> None:
@@ -30,6 +33,14 @@ def validate(hw: HardwareCfg) -> None:
         raise ConfigError(f"hardware.num_devices={hw.num_devices} and hardware.num_nodes={hw.num_nodes} must be >= 1")
     if hw.cpu_threads is not None and hw.cpu_threads < 1:
         raise ConfigError(f"hardware.cpu_threads={hw.cpu_threads} must be >= 1, or null for one per core")
+    if hw.chip is not None and hw.device_target != "Ascend":
+        raise ConfigError(f"hardware.chip={hw.chip} names an Ascend card, but hardware.device_target="
+                          f"{hw.device_target}; set hardware.chip=null")
+    if hw.chip is not None and hw.chip not in ASCEND_CHIPS:
+        raise ConfigError(f"hardware.chip='{hw.chip}' is not a known Ascend card; choose one of: "
+                          f"{', '.join(ASCEND_CHIPS)} (ascend910 = the first-generation 910 of the Atlas training "
+                          "series), or null to read it from the card")
+    overflow.resolve(hw.overflow_check, hw.device_target, hw.chip)  # raises on a name or device it cannot be
     if hw.memory_optimize_level not in (None, *MEMORY_LEVELS):
         raise ConfigError(f"hardware.memory_optimize_level='{hw.memory_optimize_level}' is not valid; choose one of: "
                           f"{', '.join(MEMORY_LEVELS)} (or null for MindSpore's default)")
@@ -54,16 +65,21 @@ def check_backend(hw: HardwareCfg) -> None:
     )
 
 
-def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
+def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, precision_mode: str = KEEP_ORIGIN) -> None:
     """Set the MindSpore context and seed every random source; call once per process, before building.
 
     Args:
         deterministic: trainer.deterministic: also ask the backend for deterministic kernels.
+        precision_mode: the amp policy's Ascend operator precision mode (`AmpPolicy.ascend_precision_mode`);
+            set on Ascend only, and checked to have taken effect.
     """
     validate(hw)
     check_backend(hw)
     ms.set_device(hw.device_target)
     ms.set_context(mode=MODES[hw.mode])
+    if hw.device_target == "Ascend":
+        check_chip(hw.chip, detected_chip())
+        set_ascend_precision_mode(precision_mode)
     if hw.device_target == "CPU":
         set_cpu_threads(hw.cpu_threads)
     if hw.memory_optimize_level is not None:
@@ -79,6 +95,36 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False) -> None:
     set_seed(seed)  # the same seed on every rank: identical initial weights, rank-specific data via the shard
 
 
+def detected_chip() -> str:
+    """The Ascend card MindSpore runs on, in its own naming (e.g. ascend910, ascend910b)."""
+    return MSContext.get_instance().get_ascend_soc_version().lower()
+
+
+def check_chip(configured: str | None, detected: str) -> None:
+    """Refuse to run when hardware.chip names another card than the one present: overflow detection and the bf16
+    check depend on it."""
+    if configured is not None and configured != detected:
+        raise ConfigError(f"hardware.chip={configured} but this machine's card is {detected}; run with "
+                          f"hardware.chip={detected} (or null to follow the card), so that overflow detection "
+                          "matches the card's saturation mode")
+
+
+def set_ascend_precision_mode(mode: str, op_precision: object | None = None) -> None:
+    """Pin Ascend's operator precision mode and check it took effect (it can be set once per process).
+
+    Args:
+        mode: e.g. must_keep_origin_dtype.
+        op_precision: the module with `precision_mode(mode)` (default mindspore.device_context.ascend.op_precision).
+    """
+    if op_precision is None:
+        op_precision = ms.device_context.ascend.op_precision
+    try:
+        op_precision.precision_mode(mode)
+    except RuntimeError as err:  # set already in this process with another value
+        raise ConfigError(f"Ascend's precision_mode is already set in this process and cannot become {mode} "
+                          f"({err}); start a fresh process") from err
+
+
 def set_cpu_threads(threads: int | None) -> None:
     """Run MindSpore's CPU kernels on `threads` threads; None: one per core this process may run on (its affinity:
     `hydra.launcher.max_parallel` and taskset pin jobs to fewer), not MindSpore's default 25 on any machine."""
@@ -88,11 +134,15 @@ def set_cpu_threads(threads: int | None) -> None:
         pass
 
 
-def context_summary(hw: HardwareCfg) -> dict[str, object]:
+def context_summary(hw: HardwareCfg, precision_mode: str = KEEP_ORIGIN) -> dict[str, object]:
     """The MindSpore settings `apply` makes, for dry runs and logs."""
     summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
                                   "jit_level": hw.jit_level or "backend default",
-                                  "memory_optimize_level": hw.memory_optimize_level or "backend default"}
+                                  "memory_optimize_level": hw.memory_optimize_level or "backend default",
+                                  "overflow_check": overflow.describe(hw.overflow_check, hw.device_target, hw.chip)}
+    if hw.device_target == "Ascend":
+        summary["chip"] = hw.chip or "read from the card at start"
+        summary["ascend_precision_mode"] = f"{precision_mode} (the amp policy's)"
     if hw.device_target == "CPU":
         summary["cpu_threads"] = hw.cpu_threads or f"{len(os.sched_getaffinity(0))} (one per core of this process)"
     if hw.num_devices * hw.num_nodes > 1:

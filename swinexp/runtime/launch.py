@@ -181,7 +181,7 @@ def failure_report(logs: Path, exits: dict[int, int] | None = None) -> str:
 
 def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_dir: Path) -> str:
     """What a launch would do, without the hardware: msrun call per node, MindSpore settings, shard sizes."""
-    from swinexp.build import build_data_spec, trainer_cfg  # build imports this module
+    from swinexp.build import build_amp, build_data_spec, trainer_cfg  # build imports this module
     from swinexp.runtime.hardware import context_summary
 
     world = world_size(hw)
@@ -202,7 +202,8 @@ def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_d
                          f"{given}\n  starts: {' '.join(msrun_command(per_node, script, overrides, run_dir))}")
     else:
         lines.append("single process: no msrun")
-    lines.append("mindspore context: " + ", ".join(f"{k}={v}" for k, v in context_summary(hw).items()))
+    lines.append("mindspore context: " + ", ".join(
+        f"{k}={v}" for k, v in context_summary(hw, build_amp(cfg).ascend_precision_mode).items()))
     train = [len(EpochSampler(len(spec.train), 0, True, world, r)) for r in range(world)]
     val = [len(EpochSampler(len(spec.val), 0, False, world, r)) for r in range(world)]
     lines.append(f"train shard per rank: {train} samples, {train[0] // spec.batch_size} batches of "

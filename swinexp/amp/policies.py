@@ -26,6 +26,15 @@ from swinexp.registry import AMP_POLICIES, ConfigError
 
 DTYPES = {"float16": ms.float16, "bfloat16": ms.bfloat16}
 LOSS_SCALES = ("dynamic", "static", "none")
+# Ascend's operator precision mode (mindspore.device_context.ascend.op_precision.precision_mode): what CANN may do to
+# an operator's dtype behind the graph's back. On the Atlas training series (the 910) its default runs MatMul/Conv in
+# fp16 even in an fp32 graph, so every policy pins a mode and the hardware context applies it.
+KEEP_ORIGIN = "must_keep_origin_dtype"
+ASCEND_PRECISION_MODES = ("must_keep_origin_dtype", "force_fp32", "allow_fp32_to_fp16", "force_fp16",
+                          "allow_mix_precision", "allow_mix_precision_fp16", "allow_fp32_to_bf16",
+                          "allow_mix_precision_bf16")
+LOWERING_MODES = ("allow_fp32_to_fp16", "force_fp16", "allow_mix_precision", "allow_mix_precision_fp16",
+                  "allow_fp32_to_bf16", "allow_mix_precision_bf16")  # modes that compute fp32 ops in 16 bits
 # o1_manual's default: everything whose fp16 result is fragile (exp/erf/variance) stays fp32
 MANUAL_FP32_CELLS = ("GELU", "Softmax", "Conv2d", "Conv1d", "BatchNorm2d", "LayerNorm")
 
@@ -42,6 +51,8 @@ class AmpPolicy:
         init_scale: initial (dynamic) or constant (static) loss scale.
         scale_factor: dynamic: the scale is divided by this on overflow, multiplied after `scale_window` clean steps.
         scale_window: dynamic: clean optimizer steps before the scale grows.
+        ascend_precision_mode: the Ascend operator precision mode this policy's numbers need (KEEP_ORIGIN: the
+            policy's own casts decide every dtype); applied by `runtime.hardware.apply` on Ascend.
     """
 
     level: str
@@ -51,6 +62,12 @@ class AmpPolicy:
     init_scale: float = 2.0**16
     scale_factor: int = 2
     scale_window: int = 2000
+    ascend_precision_mode: str = KEEP_ORIGIN
+
+    @property
+    def low_precision(self) -> bool:
+        """True when some of the network computes in fp16/bf16 (every level but O0)."""
+        return self.level != "O0"
 
     def apply(self, network: nn.Cell) -> nn.Cell:
         """Return `network` cast for this policy; parameter names are unchanged, parameters stay fp32."""
@@ -73,11 +90,6 @@ class AmpPolicy:
 def _dtype(dtype: str) -> ms.Type:
     if dtype not in DTYPES:
         raise ConfigError(f"amp.dtype='{dtype}' is not supported; choose one of: {', '.join(DTYPES)}")
-    if dtype == "bfloat16" and ms.get_context("device_target") == "CPU":
-        raise ConfigError(
-            "amp.dtype=bfloat16: MindSpore's CPU backend has no bfloat16 MatMul/Conv2D kernels, so the network "
-            "cannot run; use amp.dtype=float16 on CPU, or bfloat16 with a GPU/Ascend hardware config"
-        )
     return DTYPES[dtype]
 
 
@@ -96,8 +108,20 @@ def _cell_types(names: Sequence[str]) -> tuple[type[nn.Cell], ...]:
     return tuple(types)
 
 
+def _precision_mode(mode: str, level: str) -> str:
+    if mode not in ASCEND_PRECISION_MODES:
+        hint = get_close_matches(str(mode), ASCEND_PRECISION_MODES, n=1)
+        raise ConfigError(f"amp.ascend_precision_mode='{mode}' is not an Ascend precision mode; choose one of: "
+                          f"{', '.join(ASCEND_PRECISION_MODES)}" + (f". Did you mean '{hint[0]}'?" if hint else ""))
+    if level == "O0" and mode in LOWERING_MODES:
+        raise ConfigError(f"amp=o0 is the fp32 reference, but amp.ascend_precision_mode={mode} lets Ascend compute "
+                          f"fp32 operators in 16 bits; use {KEEP_ORIGIN} (or force_fp32), or pick an fp16 policy "
+                          "(amp=o1_manual, o2, ...) to compare low precision")
+    return mode
+
+
 def _policy(level: str, dtype: str, loss_scale: str, init_scale: float, scale_factor: int, scale_window: int,
-            fp32_cells: tuple[type[nn.Cell], ...] = ()) -> AmpPolicy:
+            fp32_cells: tuple[type[nn.Cell], ...] = (), ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
     if loss_scale not in LOSS_SCALES:
         raise ConfigError(f"amp.loss_scale='{loss_scale}' is not valid; choose one of: {', '.join(LOSS_SCALES)}")
     if init_scale < 1:
@@ -107,18 +131,22 @@ def _policy(level: str, dtype: str, loss_scale: str, init_scale: float, scale_fa
     if int(scale_window) != scale_window or scale_window < 1:
         raise ConfigError(f"amp.scale_window={scale_window} must be an integer >= 1 (optimizer steps)")
     return AmpPolicy(level, _dtype(dtype), fp32_cells, loss_scale, float(init_scale), int(scale_factor),
-                     int(scale_window))
+                     int(scale_window), _precision_mode(ascend_precision_mode, level))
 
 
 @AMP_POLICIES.register("o0")
-def o0() -> AmpPolicy:
-    """Pure fp32: the reference every other policy is compared with; no loss scaling."""
-    return AmpPolicy(level="O0")
+def o0(ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
+    """Pure fp32: the reference every other policy is compared with; no loss scaling.
+
+    Args:
+        ascend_precision_mode: must keep fp32 on Ascend: KEEP_ORIGIN or force_fp32 (a lowering mode is refused).
+    """
+    return AmpPolicy(level="O0", ascend_precision_mode=_precision_mode(ascend_precision_mode, "O0"))
 
 
 @AMP_POLICIES.register("o1")
 def o1(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
-       scale_window: int = 2000) -> AmpPolicy:
+       scale_window: int = 2000, ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
     """MindSpore O1: white-list cells and primitives (Dense, Conv*, MatMul, ...) in `dtype`, the rest fp32.
 
     Args:
@@ -127,13 +155,17 @@ def o1(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 
         init_scale: initial (dynamic) or constant (static) loss scale.
         scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
         scale_window: dynamic: clean optimizer steps before the scale grows.
+        ascend_precision_mode: Ascend's operator precision mode; the default keeps every dtype the policy's casts
+            chose, so the ablation measures the policy and not CANN's own lowering.
     """
-    return _policy("O1", dtype, loss_scale, init_scale, scale_factor, scale_window)
+    return _policy("O1", dtype, loss_scale, init_scale, scale_factor, scale_window,
+                   ascend_precision_mode=ascend_precision_mode)
 
 
 @AMP_POLICIES.register("o1_manual")
 def o1_manual(dtype: str = "float16", fp32_cells: Sequence[str] = MANUAL_FP32_CELLS, loss_scale: str = "dynamic",
-              init_scale: float = 2.0**16, scale_factor: int = 2, scale_window: int = 2000) -> AmpPolicy:
+              init_scale: float = 2.0**16, scale_factor: int = 2, scale_window: int = 2000,
+              ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
     """The network in `dtype`, except cells of the types named in `fp32_cells`, kept fp32 with outputs cast back.
 
     Args:
@@ -142,26 +174,29 @@ def o1_manual(dtype: str = "float16", fp32_cells: Sequence[str] = MANUAL_FP32_CE
 
     The other arguments are those of `o1`.
     """
-    return _policy("O1_manual", dtype, loss_scale, init_scale, scale_factor, scale_window, _cell_types(fp32_cells))
+    return _policy("O1_manual", dtype, loss_scale, init_scale, scale_factor, scale_window, _cell_types(fp32_cells),
+                   ascend_precision_mode)
 
 
 @AMP_POLICIES.register("o2")
 def o2(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
-       scale_window: int = 2000) -> AmpPolicy:
+       scale_window: int = 2000, ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
     """MindSpore O2: everything in `dtype` except its black list (BatchNorm1d/2d/3d, LayerNorm) in fp32.
 
 
     The other arguments are those of `o1`.
     """
-    return _policy("O2", dtype, loss_scale, init_scale, scale_factor, scale_window)
+    return _policy("O2", dtype, loss_scale, init_scale, scale_factor, scale_window,
+                   ascend_precision_mode=ascend_precision_mode)
 
 
 @AMP_POLICIES.register("o3")
 def o3(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
-       scale_window: int = 2000) -> AmpPolicy:
+       scale_window: int = 2000, ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
     """MindSpore O3: every cell in `dtype`, LayerNorm and softmax included (the stress case for drift).
 
 
     The other arguments are those of `o1`.
     """
-    return _policy("O3", dtype, loss_scale, init_scale, scale_factor, scale_window)
+    return _policy("O3", dtype, loss_scale, init_scale, scale_factor, scale_window,
+                   ascend_precision_mode=ascend_precision_mode)

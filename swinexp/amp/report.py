@@ -1,8 +1,8 @@
 """What an AMP policy does to the network: a per-cell compute-dtype table and a precision drift report.
 
 `python run.py amp=o1_manual inspect=amp` prints `dtype_table`; `inspect=drift` prints `drift_report` (fp32 vs
-the policy on the same weights and batch, per stage/block). `inspect(cfg)` is that entry point; `artifacts(...)`
-gives both texts for a training run to save.
+the policy on the same weights and batch, per stage/block), through `swinexp.train.inspect_precision`;
+`artifacts(...)` gives both texts for a training run to save.
 """
 from __future__ import annotations
 
@@ -12,12 +12,8 @@ from collections.abc import Iterator
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
-from omegaconf import DictConfig
 
-from swinexp.amp import AmpPolicy
-from swinexp.build import build_amp, build_experiment, build_model
-from swinexp.registry import ConfigError
-from swinexp.tracking import NullTracker
+from swinexp.amp.policies import AmpPolicy
 
 INSPECTIONS = ("amp", "drift")
 _FLAG_DTYPES = (("fp16", "float16"), ("bf16", "bfloat16"), ("fp32", "float32"))
@@ -151,17 +147,3 @@ def artifacts(reference: nn.Cell, model: nn.Cell, policy: AmpPolicy, images: Ten
     _copy_weights(model, reference)
     return {"amp_dtypes.txt": dtype_table(model, policy),
             "amp_drift.txt": drift_report(reference, model, policy, images)}
-
-
-def inspect(cfg: DictConfig) -> str:
-    """The text `inspect=amp|drift` prints; needs the hardware context applied (hardware.apply) first."""
-    what = cfg.get("inspect")
-    if what not in INSPECTIONS:
-        raise ConfigError(f"inspect={what} is not valid; choose one of: {', '.join(INSPECTIONS)}, "
-                          f"e.g. python run.py amp=o2 inspect=drift")
-    if what == "amp":  # no data needed: build only the model and the policy
-        policy = build_amp(cfg)
-        return dtype_table(policy.apply(build_model(cfg)), policy)
-    exp = build_experiment(cfg, tracker=NullTracker())  # an inspection is not a tracked run
-    images, _ = next(iter(exp.val_loader.epoch(0)))
-    return artifacts(build_model(cfg), exp.model, exp.amp, images)["amp_drift.txt"]

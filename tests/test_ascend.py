@@ -1,0 +1,246 @@
+"""The Ascend 910 path, on CPU: overflow seen on a saturating device (simulated), the operator precision mode each amp
+policy pins, no host sync between read points, and every hardware x amp x experiment preset checked before launch."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+from omegaconf import DictConfig
+
+from swinexp.amp import AmpPolicy, overflow
+from swinexp.amp.overflow import FiniteCheck, SaturatingDevice
+from swinexp.build import build_amp, build_experiment
+from swinexp.config import HardwareCfg
+from swinexp.engine import loop
+from swinexp.engine.step import TrainStep, make_train_step, read_all
+from swinexp.registry import AMP_POLICIES, ConfigError
+from swinexp.runtime import hardware
+from swinexp.train import JobInfo, run
+from tests.conftest import CONF_DIR
+from tests.test_recipes import _folder
+
+
+def _fp16_step(check: FiniteCheck, init_scale: float, accumulation: int = 1) -> tuple[nn.Cell, TrainStep]:
+    ms.set_seed(0)
+    net = nn.SequentialCell(nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 4))
+    policy = AmpPolicy("O3", ms.float16, loss_scale="dynamic", init_scale=init_scale)
+    net = policy.apply(net)
+    return net, make_train_step(net, nn.SGD(net.trainable_params(), 0.1), policy, None, True, accumulation,
+                                overflow_check=check)
+
+
+def _batch() -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(0)
+    return (Tensor(rng.standard_normal((8, 8)).astype(np.float32)),
+            Tensor(np.eye(4, dtype=np.float32)[np.arange(8) % 4]))
+
+
+def _weights(net: nn.Cell) -> list[np.ndarray]:
+    return [p.asnumpy().copy() for p in net.trainable_params()]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_saturating_device_hides_overflow_from_the_isfinite_check(accumulation: int) -> None:
+    """The defect on a 910: at a scale of 2^40 the fp16 backward overflows, the device saturates it to finite
+    values, and a step deciding by isfinite neither skips nor lowers the scale."""
+    _, step = _fp16_step(SaturatingDevice(read_register=False), 2.0**40, accumulation)
+    outputs = [step(*_batch()) for _ in range(2 * accumulation)]
+    read_all(outputs)
+    updates = [o for o in outputs if o.updated]
+    assert all(np.isfinite(o.grad_norm) and not o.overflow for o in updates)
+    assert [o.loss_scale for o in updates] == [2.0**40, 2.0**40]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_the_status_register_skips_the_saturated_step_and_halves_the_scale(accumulation: int) -> None:
+    net, step = _fp16_step(SaturatingDevice(), 2.0**40, accumulation)
+    before = _weights(net)
+    outputs = [step(*_batch()) for _ in range(2 * accumulation)]
+    read_all(outputs)
+    updates = [o for o in outputs if o.updated]
+    assert all(o.overflow and np.isfinite(o.grad_norm) for o in updates)  # finite norm, still seen
+    assert [o.loss_scale for o in updates] == [2.0**40, 2.0**39]
+    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))  # no update from saturated gradients
+    assert step.optimizer_step == 2  # the LR schedule still advances per skipped step
+
+
+@pytest.mark.parametrize("check", [FiniteCheck, SaturatingDevice])
+def test_a_clean_fp16_step_is_not_skipped(check: type[FiniteCheck]) -> None:
+    net, step = _fp16_step(check(), 2.0**4)
+    before = _weights(net)
+    out = step(*_batch())
+    assert not out.overflow and out.loss_scale == 16.0 and np.isfinite(out.loss)
+    assert not all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))
+
+
+@pytest.mark.parametrize("check,device,chip,env,expected", [
+    ("auto", "CPU", None, {}, "isfinite"),
+    ("auto", "GPU", None, {}, "isfinite"),
+    ("auto", "Ascend", "ascend910", {}, "status_register"),
+    ("auto", "Ascend", "ascend910b", {}, "isfinite"),
+    ("auto", "Ascend", "ascend910b", {overflow.SATURATION_ENV: "SATURATION_MODE"}, "status_register"),
+    ("isfinite", "Ascend", "ascend910", {}, "isfinite"),
+    ("status_register", "Ascend", "ascend910b", {}, "status_register"),
+])
+def test_auto_overflow_check_follows_the_card(check: str, device: str, chip: str | None, env: dict[str, str],
+                                              expected: str) -> None:
+    assert overflow.resolve(check, device, chip, env) == expected
+    assert isinstance(overflow.make(expected), overflow.StatusRegister) == (expected == "status_register")
+
+
+@pytest.mark.parametrize("hw,match", [
+    (HardwareCfg(overflow_check="status_register"), r"status_register reads an Ascend card.*CPU has none"),
+    (HardwareCfg(overflow_check="isnan"), r"overflow_check='isnan' is not valid; choose one of: auto"),
+    (HardwareCfg(chip="ascend910"), r"hardware.chip=ascend910 names an Ascend card.*CPU"),
+    (HardwareCfg(device_target="Ascend", chip="ascend310"), r"chip='ascend310' is not a known Ascend card"),
+])
+def test_impossible_overflow_and_chip_settings_are_config_errors(hw: HardwareCfg, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        hardware.validate(hw)
+
+
+def test_a_card_other_than_the_configured_one_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"hardware.chip=ascend910 but this machine's card is ascend910b.*"
+                                          r"hardware.chip=ascend910b"):
+        hardware.check_chip("ascend910", "ascend910b")
+    hardware.check_chip(None, "ascend910b")
+
+
+@pytest.mark.parametrize("amp", sorted(p.stem for p in (CONF_DIR / "amp").glob("*.yaml")))
+def test_every_policy_pins_keep_origin_dtype_on_ascend(compose: Callable[..., DictConfig], amp: str) -> None:
+    cfg = compose(f"amp={amp}")
+    assert cfg.amp.ascend_precision_mode == "must_keep_origin_dtype"  # so it is an MLflow param of every run
+    assert build_amp(cfg).ascend_precision_mode == "must_keep_origin_dtype"
+
+
+def test_o0_refuses_a_mode_that_computes_fp32_in_fp16() -> None:
+    with pytest.raises(ConfigError, match=r"amp=o0 is the fp32 reference.*allow_fp32_to_fp16.*must_keep_origin"):
+        AMP_POLICIES.build({"name": "o0", "ascend_precision_mode": "allow_fp32_to_fp16"})
+    with pytest.raises(ConfigError, match=r"'must_keep_origin' is not an Ascend precision mode.*Did you mean"):
+        AMP_POLICIES.build({"name": "o2", "ascend_precision_mode": "must_keep_origin"})
+    assert AMP_POLICIES.build({"name": "o2", "ascend_precision_mode": "allow_mix_precision"}).ascend_precision_mode \
+        == "allow_mix_precision"  # an fp16 policy may ask for CANN's own mixing, as a deliberate ablation
+
+
+def test_the_precision_mode_is_set_and_a_second_value_is_refused() -> None:
+    class OpPrecision:  # mindspore.device_context.ascend.op_precision: settable once per process
+        mode: str | None = None
+
+        def precision_mode(self, mode: str) -> None:
+            if self.mode not in (None, mode):
+                raise RuntimeError("The 'precision_mode' can not be set repeatedly.")
+            self.mode = mode
+
+    op = OpPrecision()
+    hardware.set_ascend_precision_mode("must_keep_origin_dtype", op)
+    assert op.mode == "must_keep_origin_dtype"
+    with pytest.raises(ConfigError, match=r"already set in this process.*start a fresh process"):
+        hardware.set_ascend_precision_mode("force_fp16", op)
+
+
+def _dry_run(cfg: DictConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    cfg.dry_run = True
+    run(cfg, JobInfo(run_dir=tmp_path / "run"))
+    return capsys.readouterr().out
+
+
+def test_the_dry_run_states_overflow_check_and_precision_mode(compose: Callable[..., DictConfig], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        report = _dry_run(compose("hardware=ascend8", "amp=o1_manual"), tmp_path, capsys)
+    assert "overflow_check=status_register (ascend910 saturates fp16 overflow" in report
+    assert "ascend_precision_mode=must_keep_origin_dtype (the amp policy's)" in report and "chip=ascend910" in report
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("embedded synthetic dataset" in w and "experiment=swin_tiny_in1k" in w for w in warnings)
+    report = _dry_run(compose("hardware=cpu"), tmp_path, capsys)
+    assert "overflow_check=isfinite" in report and "ascend_precision_mode" not in report
+
+
+HARDWARE = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
+AMPS = sorted(p.stem for p in (CONF_DIR / "amp").glob("*.yaml"))
+EXPERIMENTS = [None, *sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("hw", HARDWARE)
+def test_every_preset_combination_is_checked_before_launch(compose: Callable[..., DictConfig], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str], hw: str) -> None:
+    """Every amp policy and experiment preset on this hardware preset gives its dry-run report in the launching
+    process; the combinations that cannot run fail there with one line."""
+    imagenet = _folder(tmp_path / "imagenet")
+    shutil.copytree(imagenet / "val", imagenet / "test")  # cifar10_micro reads <root>/{train,test}
+    for amp in AMPS:
+        for experiment in EXPERIMENTS:
+            preset = [f"experiment={experiment}", f"data.root={imagenet}", "data.num_classes=2"] if experiment else []
+            report = _dry_run(compose(f"hardware={hw}", f"amp={amp}", *preset, smoke=experiment is None),
+                              tmp_path, capsys)
+            assert report.startswith("dry run:") and "mindspore context:" in report, (hw, amp, experiment)
+    impossible = {"amp.dtype=bfloat16": "bfloat16", "hardware.overflow_check=status_register": "status_register",
+                  "amp.ascend_precision_mode=force_fp16": "force_fp16"}
+    for override, named in impossible.items():
+        on_this = compose(f"hardware={hw}", "amp=o0" if "precision" in override else "amp=o2", override)
+        device, chip = on_this.hardware.device_target, on_this.hardware.chip
+        cannot = (override.startswith("amp.dtype") and (device == "CPU" or chip == "ascend910")
+                  or override.startswith("hardware.overflow") and device != "Ascend"
+                  or override.startswith("amp.ascend"))
+        if not cannot:
+            continue
+        with pytest.raises(ConfigError, match=named) as err:
+            _dry_run(on_this, tmp_path, capsys)
+        assert "\n" not in str(err.value)
+
+
+def test_reads_the_device_only_at_read_points(compose: Callable[..., DictConfig], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the loop's read points (every trainer.log_every_n_steps optimizer steps, checkpoints, epoch ends) a
+    micro-batch causes no device->host copy: the host can queue the next step while the device runs this one."""
+    exp = build_experiment(compose("trainer.limit_train_batches=6", "trainer.log_every_n_steps=4",
+                                   "trainer.accumulation_steps=1", "trainer.epochs=1", "model.drop_path_rate=0.1"))
+    syncs: list[str] = []
+
+    def counted(name: str, original: Callable[..., object]) -> Callable[..., object]:
+        def read(self: Tensor, *args: object, **kwargs: object) -> object:
+            caller = sys._getframe(1).f_code.co_filename
+            if f"swinexp{os.sep}data{os.sep}" not in caller:  # the loader's own host tensors are no device sync
+                syncs.append(name)
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in ("asnumpy", "__float__", "__bool__", "__int__", "item", "tolist"):
+        monkeypatch.setattr(Tensor, name, counted(name, getattr(Tensor, name)))
+    syncs_before_call: list[int] = []
+    original_call = TrainStep.__call__
+
+    def counting_call(self: TrainStep, images: Tensor, targets: Tensor):  # noqa: ANN202
+        syncs_before_call.append(len(syncs))
+        return original_call(self, images, targets)
+
+    monkeypatch.setattr(TrainStep, "__call__", counting_call)
+    history = loop.fit(exp, tmp_path / "run", jit=True)
+    per_step = np.diff(syncs_before_call).tolist()  # syncs between the start of step k and of step k+1
+    # step 1 compiles (constant folding reads host constants); step 4 is a read point; no other step reads
+    assert per_step[1:3] == [0, 0] and per_step[4] == 0, per_step
+    assert per_step[3] >= 1  # the read point after step 4: one transfer for 4 outputs (+ nothing per step)
+    assert np.isfinite(history[-1]["train/loss"])
+
+
+def test_the_self_check_passes_here_and_fails_when_overflow_goes_unseen(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from swinexp import selfcheck
+
+    assert selfcheck.main(["--simulate-saturation", "amp=o1_manual"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 4 and "status_register on a simulated saturating device" in out
+    # a card whose step would read isfinite only (the defect): the self-check must say FAIL and exit 1
+    monkeypatch.setattr(overflow, "SaturatingDevice", lambda: SaturatingDevice(read_register=False))
+    assert selfcheck.main(["--simulate-saturation"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  fp16 overflow is seen" in out and "1 of 4 checks failed (fp16 overflow is seen)" in out
