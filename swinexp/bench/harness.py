@@ -65,7 +65,7 @@ def make_step_call(step: TrainStep, images: Tensor, targets: Tensor) -> Callable
     """A zero-argument call that runs one step and fails on a non-finite loss (a broken variant, not a timing)."""
 
     def call() -> StepOutput:
-        out = step(images, targets)  # its loss is a host float: the step has finished when this returns
+        out = step(images, targets)  # reading its loss waits for the device: the step has finished
         if not math.isfinite(out.loss):
             raise FloatingPointError(f"train loss {out.loss}: this variant does not train; check its overrides")
         return out

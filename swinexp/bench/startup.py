@@ -50,12 +50,12 @@ def main(started: float, argv: Sequence[str] | None = None) -> None:
     step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, hw.mode == "graph",
                            trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
     batches = _batches(exp.train_loader)
-    step(*next(batches))  # StepOutput holds host floats: the step has finished
+    step(*next(batches)).values()  # reading the outputs waits for the device to finish the step
     first_step = time.time()
     steady = []
     for _ in range(steady_steps):
         start = time.perf_counter()
-        step(*next(batches))
+        step(*next(batches)).values()
         steady.append(time.perf_counter() - start)
     batches.close()
     print(json.dumps({"started": started, "imported": imported, "composed": composed, "built": built,
