@@ -13,11 +13,10 @@ from mindspore import Tensor, nn
 from omegaconf import DictConfig, OmegaConf
 
 from swinexp.amp import AmpPolicy, overflow
-from swinexp.config import HardwareCfg, TrainerCfg
+from swinexp.config import ACCUMULATE_ON, HardwareCfg, TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
 from swinexp.data.datasets import check_data_args
 from swinexp.data.transforms import EvalTransform
-from swinexp.engine.step import ACCUMULATE_ON
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError, import_modules
 from swinexp.runtime import hardware

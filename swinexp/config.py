@@ -23,6 +23,7 @@ def resource_dir(name: str) -> Path:
 
 CONF_DIR = resource_dir("conf")      # the one place code finds the config groups
 SWEEPS_DIR = resource_dir("sweeps")
+ACCUMULATE_ON = ("device", "cpu")    # trainer.accumulate_on: where the accumulate/clear ops run
 
 
 @dataclass

@@ -65,7 +65,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
     trainer, distributed = exp.trainer, launch.is_worker()
     train_step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, jit,
                                  trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay, distributed,
-                                 overflow_check=overflow.make(exp.overflow_check))
+                                 overflow_check=overflow.make(exp.overflow_check), rank=launch.rank())
     eval_step = make_eval_step(exp.model, jit)
     progress = _starting_progress(exp, train_step, resume_from, config, choices)
     checkpoints = _Checkpoints(checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last), exp,

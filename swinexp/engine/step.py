@@ -24,13 +24,12 @@ from mindspore.amp import DynamicLossScaler
 
 from swinexp.amp import AmpPolicy
 from swinexp.amp.overflow import FiniteCheck
+from swinexp.config import ACCUMULATE_ON
 from swinexp.models.randomness import RandomSites, draw, philox_key
 from swinexp.registry import ConfigError
-from swinexp.runtime import launch
 
 log = logging.getLogger("swinexp")
 
-ACCUMULATE_ON = ("device", "cpu")
 
 
 class StepOutput:
@@ -219,13 +218,14 @@ class TrainStep:
         distributed: data parallel under msrun: average the accumulated gradient over ranks at the update only
             (not per micro-batch), before unscaling, the overflow check and clipping. Each rank draws its own masks.
         seed: keys the draws; None takes the process seed (`mindspore.get_seed()`, set by `hardware.apply`).
+        rank: this worker's rank (distributed only): each rank draws its own masks.
         overflow_check: how overflow is seen on this device (amp/overflow.py); None: `isfinite`.
     """
 
     def __init__(self, model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None = None,
                  jit: bool = True, accumulation_steps: int = 1, accumulate_on: str = "device",
                  ema_decay: float | None = None, distributed: bool = False, seed: int | None = None,
-                 overflow_check: FiniteCheck | None = None) -> None:
+                 overflow_check: FiniteCheck | None = None, rank: int = 0) -> None:
         if accumulation_steps < 1:
             raise ConfigError(f"trainer.accumulation_steps={accumulation_steps} must be >= 1")
         if accumulate_on not in ACCUMULATE_ON:
@@ -241,7 +241,7 @@ class TrainStep:
         self._host_step: int | None = None  # optimizer steps so far, counted on the host after one first read
         guard = self.overflow_check = overflow_check if overflow_check is not None else FiniteCheck()
         seed = (ms.get_seed() or 0) if seed is None else seed
-        self.key = philox_key(int(seed), launch.rank() if distributed else 0)
+        self.key = philox_key(int(seed), rank if distributed else 0)
         grad_fn = ms.value_and_grad(self._forward_fn(model), None, self.params, has_aux=True)
         apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed, amp.loss_scale == "none")
         owners = {"model": model, "optimizer": optimizer, "state": ParameterTuple(self.state().values()),
@@ -404,7 +404,7 @@ def _explain_cpu_placement(jit: bool) -> None:
 def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None,
                     jit: bool, accumulation_steps: int = 1, accumulate_on: str = "device",
                     ema_decay: float | None = None, distributed: bool = False, seed: int | None = None,
-                    overflow_check: FiniteCheck | None = None) -> TrainStep:
+                    overflow_check: FiniteCheck | None = None, rank: int = 0) -> TrainStep:
     """Build the train step; see TrainStep for the arguments."""
     return TrainStep(model, optimizer, amp, clip_grad, jit, accumulation_steps, accumulate_on, ema_decay,
-                     distributed, seed, overflow_check)
+                     distributed, seed, overflow_check, rank)
