@@ -12,6 +12,7 @@ from mindspore.communication import get_group_size, init
 
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
+from swinexp.runtime.modelarts import PLATFORMS
 
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
@@ -30,6 +31,11 @@ def validate(hw: HardwareCfg) -> None:
         raise ConfigError(f"hardware.num_devices={hw.num_devices} and hardware.num_nodes={hw.num_nodes} must be >= 1")
     if hw.cpu_threads is not None and hw.cpu_threads < 1:
         raise ConfigError(f"hardware.cpu_threads={hw.cpu_threads} must be >= 1, or null for one per core")
+    if hw.platform not in (None, *PLATFORMS):
+        raise ConfigError(f"hardware.platform='{hw.platform}' is not known; choose one of: {', '.join(PLATFORMS)} "
+                          "(or null)")
+    if hw.node_sync_timeout_s <= 0:
+        raise ConfigError(f"hardware.node_sync_timeout_s={hw.node_sync_timeout_s} must be > 0 (seconds)")
     if hw.memory_optimize_level not in (None, *MEMORY_LEVELS):
         raise ConfigError(f"hardware.memory_optimize_level='{hw.memory_optimize_level}' is not valid; choose one of: "
                           f"{', '.join(MEMORY_LEVELS)} (or null for MindSpore's default)")
