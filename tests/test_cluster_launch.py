@@ -261,3 +261,17 @@ def test_eight_modelarts_card_copies_start_exactly_one_msrun(tmp_path: Path) -> 
     while launched_processes(copies[0].pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert launched_processes(copies[0].pid) == {}
+
+
+@pytest.mark.slow
+def test_two_nodes_with_different_run_dirs_stop_before_msrun_with_one_line(tmp_path: Path) -> None:
+    port = _free_port()
+    launchers = [_start(_command(tmp_path / f"local{rank}", tmp_path, "hardware=cpu", "hardware.num_nodes=2",
+                                 "hardware.num_devices=1", f"hardware.node_rank={rank}", f"hardware.master_port={port}",
+                                 "hardware.node_sync_timeout_s=3"), tmp_path / f"node{rank}.log") for rank in (0, 1)]
+    for rank, proc in enumerate(launchers):
+        assert proc.wait(timeout=300) == 1
+        last = (tmp_path / f"node{rank}.log").read_text().strip().splitlines()[-1]
+        assert last.startswith("ConfigError: hardware.num_nodes=2: node") and last.endswith(
+            "give every node the same hydra.run.dir on a filesystem all nodes mount (e.g. under hardware.shared_dir)")
+        assert not (tmp_path / f"local{rank}" / "msrun").exists()  # msrun never started
