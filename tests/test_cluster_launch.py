@@ -45,6 +45,8 @@ def test_a_rank_table_gives_this_nodes_rank_and_the_master_and_goes_to_msrun(tmp
     hw, line = rank_table.resolve(HardwareCfg(device_target="Ascend", num_devices=8, num_nodes=2,
                                               rank_table_file=path))
     assert (hw.node_rank, hw.master_addr) == (1, OTHER_HOST)  # this host is server 1; server 0 hosts the scheduler
+    assert rank_table.resolve(HardwareCfg(num_devices=8, num_nodes=2, rank_table_file="rank_table.json"))[0] \
+        .rank_table_file == path  # relative to where the command starts (the test's cwd), made absolute for msrun
     assert "this host is server 1 ('127.0.0.1'), master_addr=10.255.255.1" in line
     cmd = launch.msrun_command(hw, Path("run.py"), ["hardware=ascend8_ranktable"], tmp_path)
     assert f"--rank_table_file={path}" in cmd and "--node_rank=1" in cmd

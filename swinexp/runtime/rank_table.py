@@ -103,6 +103,7 @@ def resolve(hw: HardwareCfg) -> tuple[HardwareCfg, str]:
     path = str(hw.rank_table_file)
     servers = load(path)
     check(servers, hw, path)
+    hw = replace(hw, rank_table_file=str(Path(path).resolve()))  # msrun and its workers may run elsewhere
     node = this_node(servers, path)
     if node is None:
         return hw, (f"rank table {path}: {len(servers)} server(s) x {hw.num_devices} device(s); its server_ids are "
