@@ -5,6 +5,7 @@ import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import mindspore as ms
@@ -141,9 +142,14 @@ def build_eval_transform(cfg: DictConfig) -> EvalTransform:
 
 
 def build_tracker(cfg: DictConfig) -> Tracker:
-    """The experiment tracker of `cfg.tracking` (MLflow or none)."""
+    """The experiment tracker of `cfg.tracking` (MLflow or none); with hardware.shared_dir set and no tracking.uri,
+    the store is `<shared_dir>/mlflow.db`, which every node and every rerun finds."""
     import_user_components(cfg)
-    return TRACKERS.build(node(cfg, "tracking"))
+    tracking = node(cfg, "tracking")
+    shared = OmegaConf.select(cfg, "hardware.shared_dir")
+    if shared and "uri" in tracking and tracking["uri"] is None:
+        tracking["uri"] = f"sqlite:///{Path(shared).resolve() / 'mlflow.db'}"
+    return TRACKERS.build(tracking)
 
 
 def data_node(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:

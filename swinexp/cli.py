@@ -5,6 +5,8 @@ config, `-cd DIR` adds the user's own config directory (e.g. `DIR/model/my_model
 """
 from __future__ import annotations
 
+import os
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -16,6 +18,9 @@ from swinexp.registry import ConfigError
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    if (line := _leaves_launch_to_another_copy(cfg)) is not None:
+        print(line, flush=True)
+        return None
     from swinexp.engine.checkpoint import CheckpointWriteError
     from swinexp.runtime import launch
     from swinexp.train import JobInfo, run  # imports MindSpore: only once a job runs, not for --help / --cfg
@@ -31,3 +36,15 @@ def main(cfg: DictConfig) -> float | None:
             raise
         raise SystemExit(f"CheckpointWriteError: {err}") from None
     return metrics.get(cfg.optimized_metric) if cfg.get("optimized_metric") else None
+
+
+def _leaves_launch_to_another_copy(cfg: DictConfig) -> str | None:
+    """hardware.platform=modelarts starts this command once per card: all copies but one leave at once, before
+    MindSpore is imported or a card is touched (runtime/modelarts.py)."""
+    from omegaconf import OmegaConf
+
+    from swinexp.runtime.modelarts import not_the_launcher
+
+    if cfg.dry_run or os.environ.get("MS_ROLE"):  # a dry run reports it; msrun's own processes always run
+        return None
+    return not_the_launcher(OmegaConf.to_object(cfg.hardware))

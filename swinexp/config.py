@@ -87,7 +87,11 @@ class HardwareCfg:
     master_addr: str = "127.0.0.1"              # msrun scheduler host: node 0's address on a cluster
     master_port: int = 8118                     # msrun scheduler port, the same on every node
     node_rank: int = 0                          # this node's index, 0..num_nodes-1 (set per node)
-    log_dir: Optional[str] = None               # msrun worker logs; null = <run dir>/msrun
+    log_dir: Optional[str] = None               # msrun worker logs; null = <run dir>/msrun (multi-node: .../node<r>)
+    rank_table_file: Optional[str] = None       # Ascend rank table JSON handed to msrun; null = none (rank_table.py)
+    platform: Optional[str] = None              # modelarts: one launcher per node from per-card copies (modelarts.py)
+    shared_dir: Optional[str] = None            # a path every node mounts: default run dirs and MLflow store go there
+    node_sync_timeout_s: float = 300.0          # multi-node: how long nodes wait for each other in the shared run dir
 
 
 def load_option(group_dir: Path, name: str) -> DictConfig:
@@ -103,7 +107,9 @@ def register_resolvers() -> None:
     """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed;
     `${swinexp.help_groups:}`, the config groups `--help` lists; `${swinexp.slurm_node_rank:0}` and
     `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default; `${swinexp.min:a,b}`, e.g. a
-    screen that stops at epoch 10 or at the end of a shorter run."""
+    screen that stops at epoch 10 or at the end of a shorter run; `${swinexp.modelarts:node_rank,0}`: ModelArts'
+    values (runtime/modelarts.py), else the default; `${swinexp.under:root,path}`: root/path, or path if root is
+    null."""
     if not OmegaConf.has_resolver("swinexp.help_groups"):
         OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
     if not OmegaConf.has_resolver("swinexp.floordiv"):
@@ -115,6 +121,12 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("swinexp.slurm_master_addr", lambda default: slurm.master_addr(str(default)))
     if not OmegaConf.has_resolver("swinexp.min"):
         OmegaConf.register_new_resolver("swinexp.min", lambda a, b: min(int(a), int(b)))
+    if not OmegaConf.has_resolver("swinexp.modelarts"):  # hardware=modelarts_ascend8: the platform's values
+        from swinexp.runtime import modelarts
+
+        OmegaConf.register_new_resolver("swinexp.modelarts", modelarts.value)
+    if not OmegaConf.has_resolver("swinexp.under"):  # hydra.run.dir below hardware.shared_dir when it is set
+        OmegaConf.register_new_resolver("swinexp.under", lambda root, path: f"{root}/{path}" if root else path)
 
 
 def register_schemas() -> None:

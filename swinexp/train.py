@@ -163,9 +163,12 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         warn_embedded_data(cfg, hw)
     if launch.needs_launch(hw):  # this process only starts the workers under msrun and waits for them
         check_config(cfg)  # a config error never waits for msrun (a single run logs it as a FAILED run)
+        hw = launch.prepare(hw, job.run_dir)  # rank table, shared run dir of all nodes
         status = launch.launch(hw, launch.entry_script(), job.relaunch_args(), job.run_dir)
         if status != 0:
             raise RuntimeError(f"{launch.world_size(hw)} msrun workers failed with exit status {status}")
+        return {}
+    if launch.is_extra_scheduler():  # several "nodes" on one host: node 0's scheduler serves them all
         return {}
     hardware.apply(hw, int(cfg.seed), bool(cfg.trainer.deterministic), build_amp(cfg).ascend_precision_mode)
     if launch.is_scheduler():  # msrun's scheduler has served the cluster inside init(); nothing else to do

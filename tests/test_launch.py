@@ -31,7 +31,7 @@ def test_msrun_command_carries_world_node_master_and_the_same_run_dir(tmp_path: 
                      master_port=9000)
     cmd = msrun_command(hw, Path("run.py"), ["model=swin_tiny", "hydra.run.dir=/old", "dry_run=true"], tmp_path)
     assert cmd[1:8] == ["--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--master_port=9000",
-                        "--node_rank=1", f"--log_dir={tmp_path / 'msrun'}", "--join=True"]
+                        "--node_rank=1", f"--log_dir={tmp_path / 'msrun' / 'node1'}", "--join=True"]
     assert cmd[8:] == ["run.py", "model=swin_tiny", f"hydra.run.dir={tmp_path}"]
     assert needs_launch(hw) and not needs_launch(HardwareCfg())
     with pytest.raises(ConfigError, match="hardware.node_rank=2 must be in 0..1"):

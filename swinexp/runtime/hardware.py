@@ -13,6 +13,7 @@ from mindspore.communication import get_group_size, init
 from swinexp.amp import KEEP_ORIGIN, overflow
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
+from swinexp.runtime.modelarts import PLATFORMS
 
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
@@ -41,6 +42,11 @@ def validate(hw: HardwareCfg) -> None:
                           f"{', '.join(ASCEND_CHIPS)} (ascend910 = the first-generation 910 of the Atlas training "
                           "series), or null to read it from the card")
     overflow.resolve(hw.overflow_check, hw.device_target, hw.chip)  # raises on a name or device it cannot be
+    if hw.platform not in (None, *PLATFORMS):
+        raise ConfigError(f"hardware.platform='{hw.platform}' is not known; choose one of: {', '.join(PLATFORMS)} "
+                          "(or null)")
+    if hw.node_sync_timeout_s <= 0:
+        raise ConfigError(f"hardware.node_sync_timeout_s={hw.node_sync_timeout_s} must be > 0 (seconds)")
     if hw.memory_optimize_level not in (None, *MEMORY_LEVELS):
         raise ConfigError(f"hardware.memory_optimize_level='{hw.memory_optimize_level}' is not valid; choose one of: "
                           f"{', '.join(MEMORY_LEVELS)} (or null for MindSpore's default)")

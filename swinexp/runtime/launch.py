@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from swinexp.config import HardwareCfg
 from swinexp.data.pipeline import EpochSampler
 from swinexp.registry import ConfigError
-from swinexp.runtime import slurm
+from swinexp.runtime import modelarts, node_sync, rank_table, slurm
 from swinexp.runtime.watchdog import LAUNCHER_ENV, kill_launched, launched_processes
 
 LOG_TAIL_LINES = 40
@@ -35,6 +35,7 @@ GRACE_S = 15.0     # after a worker died: time msrun gets to take the others dow
 EXEC_DYING_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "  # PR_SET_PDEATHSIG, SIGKILL
                           "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
 WORKER_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+NODE_RANK_ENV = "SWINEXP_NODE_RANK"  # the launching node's rank, for the processes msrun starts
 
 
 def world_size(hw: HardwareCfg) -> int:
@@ -55,12 +56,26 @@ def rank() -> int:
     return int(os.environ.get("RANK_ID", "0"))
 
 
+def launching_node_rank() -> int:
+    """Inside a process msrun started: the node rank of the launcher that started that msrun."""
+    return int(os.environ.get(NODE_RANK_ENV, "0"))
+
+
+def is_extra_scheduler() -> bool:
+    """msrun starts a scheduler on every node whose address is master_addr: on one host that is also node 1..n-1's,
+    which must leave the port to node 0's."""
+    return is_scheduler() and launching_node_rank() != 0
+
+
 def needs_launch(hw: HardwareCfg) -> bool:
     return world_size(hw) > 1 and not is_worker()
 
 
 def log_dir(hw: HardwareCfg, run_dir: Path) -> Path:
-    return Path(hw.log_dir) if hw.log_dir else run_dir / "msrun"
+    """msrun's log folder; one per node in a multi-node run (the run dir is shared: the nodes' msrun.out and
+    scheduler.log would overwrite each other)."""
+    logs = Path(hw.log_dir) if hw.log_dir else run_dir / "msrun"
+    return logs / f"node{hw.node_rank}" if hw.num_nodes > 1 else logs
 
 
 def entry_script() -> Path:
@@ -77,9 +92,20 @@ def msrun_command(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: 
                           f"(hardware.num_nodes={hw.num_nodes})")
     msrun = shutil.which("msrun") or str(Path(sys.executable).with_name("msrun"))
     own = [o for o in overrides if not o.startswith(("hydra.run.dir=", "dry_run"))]
+    table = [f"--rank_table_file={hw.rank_table_file}"] if hw.rank_table_file else []
     return [msrun, f"--worker_num={world_size(hw)}", f"--local_worker_num={hw.num_devices}",
             f"--master_addr={hw.master_addr}", f"--master_port={hw.master_port}", f"--node_rank={hw.node_rank}",
-            f"--log_dir={log_dir(hw, run_dir)}", "--join=True", str(script), *own, f"hydra.run.dir={run_dir}"]
+            f"--log_dir={log_dir(hw, run_dir)}", "--join=True", *table, str(script), *own, f"hydra.run.dir={run_dir}"]
+
+
+def prepare(hw: HardwareCfg, run_dir: Path) -> HardwareCfg:
+    """The checks of a launch that need this node's files, before msrun starts: the rank table (which then gives
+    node rank and master address) and, on several nodes, that all of them share `run_dir`."""
+    if hw.rank_table_file is not None:
+        hw, line = rank_table.resolve(hw)
+        print(line, flush=True)
+    node_sync.check_shared(run_dir, hw.node_rank, hw.num_nodes, hw.node_sync_timeout_s)
+    return hw
 
 
 def _wait_supervised(proc: subprocess.Popen, msrun_out: Path) -> tuple[int, dict[int, int]]:
@@ -121,7 +147,8 @@ def launch(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -
     logs.mkdir(parents=True, exist_ok=True)
     print(f"launching {world_size(hw)} workers: {' '.join(command)}", flush=True)
     # msrun echoes every worker's log when it ends; keep it in a file and show only what matters here.
-    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3"), LAUNCHER_ENV: str(os.getpid())}
+    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3"), LAUNCHER_ENV: str(os.getpid()),
+           NODE_RANK_ENV: str(hw.node_rank)}
     with open(logs / "msrun.out", "w") as out:
         watchdog = subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")), str(os.getpid())])
         armed = [sys.executable, "-c", EXEC_DYING_WITH_PARENT, str(os.getpid()), *command]
@@ -191,13 +218,20 @@ def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_d
              f"device_target={hw.device_target}"]
     if world > 1:
         script = entry_script()
-        in_slurm = slurm.describe()
-        if in_slurm:
-            lines.append(in_slurm)
+        placed = slurm.describe() or modelarts.describe(hw)
+        if placed:
+            lines.append(placed)
+        if hw.rank_table_file is not None:
+            hw, line = rank_table.resolve(hw)
+            lines.append(line)
+            placed = placed or line
+        if hw.num_nodes > 1:
+            lines.append(f"shared run dir: before msrun the nodes meet in {run_dir / node_sync.SYNC_DIR} (up to "
+                         f"{hw.node_sync_timeout_s:g} s); a node with another run dir fails with a ConfigError")
         for node_rank in range(hw.num_nodes):
             per_node = replace(hw, node_rank=node_rank)
-            given = ("" if hw.num_nodes == 1 or in_slurm else " hardware.master_addr=<node 0 address>")
-            here = " (this node)" if in_slurm and node_rank == hw.node_rank else ""
+            given = ("" if hw.num_nodes == 1 or placed else " hardware.master_addr=<node 0 address>")
+            here = " (this node)" if placed and node_rank == hw.node_rank else ""
             lines.append(f"node {node_rank}{here}: python run.py {' '.join(overrides)} hardware.node_rank={node_rank}"
                          f"{given}\n  starts: {' '.join(msrun_command(per_node, script, overrides, run_dir))}")
     else:
