@@ -25,6 +25,7 @@ from swinexp.registry import AMP_POLICIES, ConfigError
 from swinexp.runtime import hardware
 from swinexp.train import JobInfo, run
 from tests.conftest import CONF_DIR
+from tests.test_cluster_launch import _table
 from tests.test_recipes import _folder
 
 
@@ -172,9 +173,11 @@ EXPERIMENTS = [None, *sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.y
 
 @pytest.mark.parametrize("hw", HARDWARE)
 def test_every_preset_combination_is_checked_before_launch(compose: Callable[..., DictConfig], tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str], hw: str) -> None:
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch, hw: str) -> None:
     """Every amp policy and experiment preset on this hardware preset gives its dry-run report in the launching
     process; the combinations that cannot run fail there with one line."""
+    monkeypatch.setenv("RANK_TABLE_FILE", _table(tmp_path / "hccl.json", ["127.0.0.1"], devices=8))  # *_ranktable
     imagenet = _folder(tmp_path / "imagenet")
     shutil.copytree(imagenet / "val", imagenet / "test")  # cifar10_micro reads <root>/{train,test}
     for amp in AMPS:
