@@ -18,6 +18,7 @@ from swinexp.config import ACCUMULATE_ON, HardwareCfg, TrainerCfg
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
 from swinexp.data.datasets import check_data_args
 from swinexp.data.transforms import EvalTransform
+from swinexp.models.swin import check_resolution
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError, import_modules
 from swinexp.runtime import hardware
@@ -177,6 +178,9 @@ def check_config(cfg: DictConfig, backend: bool = True) -> None:
         hardware.check_backend(hw)
     check_amp_on_hardware(build_amp(cfg), hw)
     check_data_args(data_node(cfg)[0])
+    model = node(cfg, "model")
+    if {"img_size", "patch_size", "window_size", "depths"} <= model.keys():  # a Swin: its maps must fit the image
+        check_resolution(model["img_size"], model["patch_size"], model["window_size"], len(model["depths"]))
 
 
 def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:

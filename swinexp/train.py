@@ -19,13 +19,16 @@ from swinexp.amp import report as amp_report
 from swinexp.build import (
     Experiment,
     build_amp,
+    build_data_spec,
     build_experiment,
     build_model,
     build_tracker,
     check_config,
     hardware_cfg,
+    trainer_cfg,
 )
 from swinexp.config import HardwareCfg
+from swinexp.data.pipeline import EpochSampler
 from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
 from swinexp.registry import ConfigError
@@ -155,7 +158,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     if cfg.dry_run:
         check_config(cfg, backend=False)  # a combination that cannot run fails here, on any machine
         warn_embedded_data(cfg, hw)
-        print(launch.dry_run_report(cfg, hw, job.relaunch_args(), job.run_dir))
+        print(dry_run_report(cfg, hw, job.relaunch_args(), job.run_dir))
         print(recipe.describe(cfg, hw))
         return {}
     hardware.check_backend(hw)
@@ -184,6 +187,25 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
                            "handling)")
     compile_cache.enable(cfg)
     return train(cfg, job, hw)
+
+
+def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_dir: Path) -> str:
+    """What a launch would do, without the hardware: msrun call per node, MindSpore settings, shard sizes."""
+    world = launch.world_size(hw)
+    spec = build_data_spec(cfg)
+    accumulation = trainer_cfg(cfg).accumulation_steps
+    lines = [f"dry run: {world} worker(s) = {hw.num_devices} per node x {hw.num_nodes} node(s), "
+             f"device_target={hw.device_target}", *launch.launch_plan(hw, overrides, run_dir)]
+    lines.append("mindspore context: " + ", ".join(
+        f"{k}={v}" for k, v in hardware.context_summary(hw, build_amp(cfg).ascend_precision_mode).items()))
+    train = [len(EpochSampler(len(spec.train), 0, True, world, r)) for r in range(world)]
+    val = [len(EpochSampler(len(spec.val), 0, False, world, r)) for r in range(world)]
+    lines.append(f"train shard per rank: {train} samples, {train[0] // spec.batch_size} batches of "
+                 f"{spec.batch_size} per epoch")
+    lines.append(f"val shard per rank: {val} samples")
+    lines.append(f"total batch: {spec.batch_size} per device x {world} devices x {accumulation} accumulation "
+                 f"= {spec.batch_size * world * accumulation}")
+    return "\n".join(lines)
 
 
 def warn_embedded_data(cfg: DictConfig, hw: HardwareCfg) -> None:

@@ -24,6 +24,7 @@ from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
 from swinexp.runtime import launch, modelarts, node_sync, rank_table
 from swinexp.runtime.watchdog import launched_processes
+from swinexp.train import dry_run_report
 from tests.conftest import ROOT, SMOKE
 
 OTHER_HOST = "10.255.255.1"  # an address no test machine has
@@ -90,13 +91,13 @@ def test_the_ranktable_preset_reads_rank_table_file_and_the_dry_run_shows_it(
     monkeypatch.setenv("RANK_TABLE_FILE", _table(tmp_path / "hccl.json", ["127.0.0.1"], devices=8))
     cfg = compose("hardware=ascend8_ranktable")
     hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
-    report = launch.dry_run_report(cfg, hw, ["hardware=ascend8_ranktable"], tmp_path)
+    report = dry_run_report(cfg, hw, ["hardware=ascend8_ranktable"], tmp_path)
     assert f"rank table {tmp_path / 'hccl.json'}: 1 server(s) x 8 device(s); this host is server 0" in report
     assert f"--join=True --rank_table_file={tmp_path / 'hccl.json'} " in report
     monkeypatch.delenv("RANK_TABLE_FILE")
     unset: HardwareCfg = OmegaConf.to_object(compose("hardware=ascend8_ranktable").hardware)
     with pytest.raises(ConfigError, match="export RANK_TABLE_FILE"):
-        launch.dry_run_report(cfg, unset, [], tmp_path)
+        dry_run_report(cfg, unset, [], tmp_path)
 
 
 def test_modelarts_variables_place_the_node_and_elect_one_copy_per_node(

@@ -22,9 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
-from swinexp.runtime import launch
 from swinexp.runtime.devices import DevicePool, Slot, devices_per_job
 from swinexp.runtime.slurm import expand_nodelist
+from swinexp.train import dry_run_report
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 
@@ -81,7 +81,7 @@ def test_multinode_dry_run_in_slurm_prints_each_nodes_msrun_command(
     cfg = compose("hardware=ascend8x2")
     hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
     assert (hw.node_rank, hw.master_addr) == (1, "ascend07")  # from SLURM: not given on the command line
-    report = launch.dry_run_report(cfg, hw, ["hardware=ascend8x2"], tmp_path)
+    report = dry_run_report(cfg, hw, ["hardware=ascend8x2"], tmp_path)
     node0, node1 = [line for line in report.splitlines() if line.strip().startswith("starts:")]
     for rank, line in enumerate((node0, node1)):
         assert f"--worker_num=16 --local_worker_num=8 --master_addr=ascend07 --master_port=8118 --node_rank={rank}" \

@@ -655,7 +655,11 @@ def _validate(
                 f"choose a divisor of {dim} or change model.embed_dim"
             )
 
-    stages = len(depths)
+    check_resolution(img_size, patch_size, window_size, len(depths))
+
+
+def check_resolution(img_size: int, patch_size: int, window_size: int, stages: int) -> None:
+    """Raise a ConfigError naming the nearest valid sizes when the architecture cannot run at `img_size`."""
     problem = _resolution_problem(img_size, patch_size, window_size, stages)
     if problem is None:
         return

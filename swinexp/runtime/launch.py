@@ -17,10 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from swinexp.config import HardwareCfg
-from swinexp.data.pipeline import EpochSampler
 from swinexp.registry import ConfigError
 from swinexp.runtime import modelarts, node_sync, rank_table, slurm
 from swinexp.runtime.watchdog import LAUNCHER_ENV, kill_launched, launched_processes
@@ -206,43 +203,27 @@ def failure_report(logs: Path, exits: dict[int, int] | None = None) -> str:
     return "\n".join(parts)
 
 
-def dry_run_report(cfg: DictConfig, hw: HardwareCfg, overrides: list[str], run_dir: Path) -> str:
-    """What a launch would do, without the hardware: msrun call per node, MindSpore settings, shard sizes."""
-    from swinexp.build import build_amp, build_data_spec, trainer_cfg  # build imports this module
-    from swinexp.runtime.hardware import context_summary
-
-    world = world_size(hw)
-    spec = build_data_spec(cfg)
-    accumulation = trainer_cfg(cfg).accumulation_steps
-    lines = [f"dry run: {world} worker(s) = {hw.num_devices} per node x {hw.num_nodes} node(s), "
-             f"device_target={hw.device_target}"]
-    if world > 1:
-        script = entry_script()
-        placed = slurm.describe() or modelarts.describe(hw)
-        if placed:
-            lines.append(placed)
-        if hw.rank_table_file is not None:
-            hw, line = rank_table.resolve(hw)
-            lines.append(line)
-            placed = placed or line
-        if hw.num_nodes > 1:
-            lines.append(f"shared run dir: before msrun the nodes meet in {run_dir / node_sync.SYNC_DIR} (up to "
-                         f"{hw.node_sync_timeout_s:g} s); a node with another run dir fails with a ConfigError")
-        for node_rank in range(hw.num_nodes):
-            per_node = replace(hw, node_rank=node_rank)
-            given = ("" if hw.num_nodes == 1 or placed else " hardware.master_addr=<node 0 address>")
-            here = " (this node)" if placed and node_rank == hw.node_rank else ""
-            lines.append(f"node {node_rank}{here}: python run.py {' '.join(overrides)} hardware.node_rank={node_rank}"
-                         f"{given}\n  starts: {' '.join(msrun_command(per_node, script, overrides, run_dir))}")
-    else:
-        lines.append("single process: no msrun")
-    lines.append("mindspore context: " + ", ".join(
-        f"{k}={v}" for k, v in context_summary(hw, build_amp(cfg).ascend_precision_mode).items()))
-    train = [len(EpochSampler(len(spec.train), 0, True, world, r)) for r in range(world)]
-    val = [len(EpochSampler(len(spec.val), 0, False, world, r)) for r in range(world)]
-    lines.append(f"train shard per rank: {train} samples, {train[0] // spec.batch_size} batches of "
-                 f"{spec.batch_size} per epoch")
-    lines.append(f"val shard per rank: {val} samples")
-    lines.append(f"total batch: {spec.batch_size} per device x {world} devices x {accumulation} accumulation "
-                 f"= {spec.batch_size * world * accumulation}")
-    return "\n".join(lines)
+def launch_plan(hw: HardwareCfg, overrides: list[str], run_dir: Path) -> list[str]:
+    """The dry run's launch lines, without the hardware: where the node's place comes from, the msrun call of
+    every node, and the shared-run-dir check."""
+    if world_size(hw) == 1:
+        return ["single process: no msrun"]
+    lines = []
+    script = entry_script()
+    placed = slurm.describe() or modelarts.describe(hw)
+    if placed:
+        lines.append(placed)
+    if hw.rank_table_file is not None:
+        hw, line = rank_table.resolve(hw)
+        lines.append(line)
+        placed = placed or line
+    if hw.num_nodes > 1:
+        lines.append(f"shared run dir: before msrun the nodes meet in {run_dir / node_sync.SYNC_DIR} (up to "
+                     f"{hw.node_sync_timeout_s:g} s); a node with another run dir fails with a ConfigError")
+    for node_rank in range(hw.num_nodes):
+        per_node = replace(hw, node_rank=node_rank)
+        given = ("" if hw.num_nodes == 1 or placed else " hardware.master_addr=<node 0 address>")
+        here = " (this node)" if placed and node_rank == hw.node_rank else ""
+        lines.append(f"node {node_rank}{here}: python run.py {' '.join(overrides)} hardware.node_rank={node_rank}"
+                     f"{given}\n  starts: {' '.join(msrun_command(per_node, script, overrides, run_dir))}")
+    return lines

@@ -15,8 +15,10 @@ container, MA_CURRENT_IP = the container's IP. Per-card copies: the MindSpore mo
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from swinexp.config import HardwareCfg
+if TYPE_CHECKING:  # config.py registers this module's resolver: no import back at run time
+    from swinexp.config import HardwareCfg
 
 NUM_NODES_ENV = "MA_NUM_HOSTS"
 NODE_RANK_ENV = "VC_TASK_INDEX"
