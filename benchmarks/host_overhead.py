@@ -1,6 +1,6 @@
 """What the training loop costs the host per step, behind a stand-in device step of fixed duration.
 
-    python benchmarks/host_overhead.py --step-ms 450 --steps 60 [--read-every 1 50] [overrides ...]
+    python -m benchmarks.host_overhead --step-ms 450 --steps 60 [--read-every 1 50] [overrides ...]
 
 The device is a stub: each train-step call queues `--step-ms` of work on a thread that works through the queue in
 order, as an accelerator works through the host's launches, and returns at once; reading a step's outputs blocks

@@ -1,6 +1,6 @@
 """The largest per-epoch difference of each metric between the jobs of a sweep (how far apart its curves are).
 
-    python benchmarks/sweep_spread.py --tracking-uri sqlite:////tmp/droppath_sweep.db [--sweep ID|latest]
+    python -m benchmarks.sweep_spread --tracking-uri sqlite:////tmp/droppath_sweep.db [--sweep ID|latest]
 
 For a sweep whose jobs compute the same function with the same draws (sweeps/index_rewrites.yaml in fp32), this
 is the effect of floating-point reassociation alone.

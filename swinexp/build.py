@@ -93,14 +93,19 @@ def build_model(cfg: DictConfig) -> nn.Cell:
     try:
         return MODELS.build(node(cfg, "model"))
     except ConfigError as err:
-        written = OmegaConf.to_container(cfg.model, resolve=False)
-        followed = [k for k in written if f"model.{k}=" in str(err) and OmegaConf.is_interpolation(cfg.model, k)]
-        if not followed:
-            raise
-        key = followed[0]
-        source = re.search(r"data\.[\w.]+", str(written[key]))
-        raise ConfigError(f"{err}. model.{key} follows {source.group(0) if source else written[key]}: change that "
-                          "key instead") from err
+        raise _naming_the_followed_key(cfg, err) from err
+
+
+def _naming_the_followed_key(cfg: DictConfig, err: ConfigError) -> ConfigError:
+    """`err` about a model key that follows a data key (model.img_size: ${data.img_size}), told to change that one."""
+    written = OmegaConf.to_container(cfg.model, resolve=False)
+    followed = [k for k in written if f"model.{k}=" in str(err) and OmegaConf.is_interpolation(cfg.model, k)]
+    if not followed:
+        return err
+    key = followed[0]
+    source = re.search(r"data\.[\w.]+", str(written[key]))
+    return ConfigError(f"{err}. model.{key} follows {source.group(0) if source else written[key]}: change that "
+                       "key instead")
 
 
 def hardware_cfg(cfg: DictConfig) -> HardwareCfg:
@@ -180,7 +185,10 @@ def check_config(cfg: DictConfig, backend: bool = True) -> None:
     check_data_args(data_node(cfg)[0])
     model = node(cfg, "model")
     if {"img_size", "patch_size", "window_size", "depths"} <= model.keys():  # a Swin: its maps must fit the image
-        check_resolution(model["img_size"], model["patch_size"], model["window_size"], len(model["depths"]))
+        try:
+            check_resolution(model["img_size"], model["patch_size"], model["window_size"], len(model["depths"]))
+        except ConfigError as err:
+            raise _naming_the_followed_key(cfg, err) from err
 
 
 def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:

@@ -34,7 +34,7 @@ from swinexp.engine.resume import check_compatible, locate, remember_run_id, sav
 from swinexp.registry import ConfigError
 from swinexp.runtime import compile_cache, hardware, launch, phases
 from swinexp.runtime.interrupt import Interrupted
-from swinexp.saved_run import CLASSES_FILE
+from swinexp.serve.saved_run import CLASSES_FILE
 from swinexp.tracking import STOPPED_TAG, NullTracker, Tracker, flatten
 from swinexp.tracking.dataset import split_records
 from swinexp.tracking.sweep import SweepInfo, override_key, sweep_of
@@ -112,8 +112,8 @@ def log_data(tracker: Tracker, exp: Experiment, data_name: str, run_dir: Path) -
 
 def log_checkpoint_artifacts(tracker: Tracker, run_dir: Path, finished: bool = True) -> None:
     """tracking.log_checkpoints: best.ckpt / last.ckpt under checkpoints/, and config.yaml, so the artifacts alone
-    are a run dir that `swinexp.export`, `.predict`, `.evaluate` and a resume accept. A run that did not finish also
-    logs last.ckpt (unless `none`): it is what continues it. Never raises: the run's own ending matters more."""
+    are a run dir that `swinexp.serve.export`, `.predict`, `.evaluate` and a resume accept. A run that did not finish
+    also logs last.ckpt (unless `none`): it is what continues it. Never raises: the run's own ending matters more."""
     names = {"best": ["best.ckpt"], "last": ["last.ckpt"], "both": ["best.ckpt", "last.ckpt"], "none": []}
     chosen = names.get(tracker.log_checkpoints, [])
     if chosen and not finished and "last.ckpt" not in chosen:

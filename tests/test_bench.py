@@ -1,4 +1,4 @@
-"""`python -m swinexp.bench`: every sub-benchmark runs one tiny iteration through the real CLI and prints a
+"""`python -m benchmarks`: every sub-benchmark runs one tiny iteration through the real CLI and prints a
 well-formed table; the pure parts (variants, groups, worker argv, ratios) are checked without timing anything."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from swinexp.bench import peers, step
-from swinexp.bench.__main__ import main, parse
-from swinexp.bench.options import Options
-from swinexp.bench.step import Measured, parse_variant, split_groups, step_table
-from swinexp.bench.table import Table
+from benchmarks import peers, step
+from benchmarks.__main__ import main, parse
+from benchmarks.options import Options
+from benchmarks.step import Measured, parse_variant, split_groups, step_table
+from benchmarks.table import Table
 from swinexp.registry import ConfigError
 
 # swin_micro shrunk further: 32 px, embed 16, one block per stage, 10 classes
@@ -64,7 +64,7 @@ def test_peers_compares_swinexp_with_a_micro_mindcv_swin(monkeypatch: pytest.Mon
 
 
 def test_peers_times_timm_in_a_process_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
-    from swinexp.bench.timm_peer import reference_installed
+    from benchmarks.timm_peer import reference_installed
 
     pytest.importorskip("mindcv")
     if not reference_installed():
@@ -81,9 +81,9 @@ def test_peers_times_timm_in_a_process_of_its_own(capsys: pytest.CaptureFixture[
 
 def test_peers_table_divides_by_mindcv_and_by_timm() -> None:
     pytest.importorskip("mindcv")
-    from swinexp.bench.harness import compose
-    from swinexp.bench.timing import Samples, Timing
-    from swinexp.bench.timm_peer import TimmTiming
+    from benchmarks.harness import compose
+    from benchmarks.timing import Samples, Timing
+    from benchmarks.timm_peer import TimmTiming
 
     timings = {peers.MINDCV: Timing(9.0, Samples((3.0, 3.0)), 0.0),
                peers.SWINEXP: Timing(8.0, Samples((2.0, 2.0)), 0.0)}
@@ -103,7 +103,7 @@ def test_peers_table_divides_by_mindcv_and_by_timm() -> None:
 
 
 def test_the_timm_process_leaves_mindspores_library_folders_behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    from swinexp.bench.timm_peer import torch_environment
+    from benchmarks.timm_peer import torch_environment
 
     plugin = "/venv/lib/python3.11/site-packages/mindspore/lib/plugin/cpu"
     monkeypatch.setenv("LD_LIBRARY_PATH", f"/opt/lib:{plugin}")
@@ -120,7 +120,7 @@ def test_a_worker_reports_its_own_peak_memory_not_its_parents() -> None:
 
     ballast = bytearray(600 * 2**20)  # the parent's resident set: 600 MiB more, touched
     ballast[::4096] = b"x" * len(ballast[::4096])
-    code = ("import resource; from swinexp.bench.peak import peak_rss_gb; "
+    code = ("import resource; from benchmarks.peak import peak_rss_gb; "
             "print(peak_rss_gb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)")
     own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                                check=True).stdout.split())
@@ -130,7 +130,7 @@ def test_a_worker_reports_its_own_peak_memory_not_its_parents() -> None:
 
 def test_memory_measures_each_peer_in_a_fresh_process(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("mindcv")
-    from swinexp.bench.timm_peer import reference_installed
+    from benchmarks.timm_peer import reference_installed
 
     assert main(["memory", *MICRO]) == 0
     ((header, rows),) = tables(capsys.readouterr().out)
@@ -162,7 +162,7 @@ def test_peers_without_mindcv_says_how_to_install_and_exits_0(monkeypatch: pytes
 
 
 def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
-    from swinexp.bench.timm_peer import reference_installed
+    from benchmarks.timm_peer import reference_installed
 
     assert main(["data", "--images", "16", "--batch", "8", "--img-size", "32", "--source-size", "48x36",
                  "--workers", "1", "--iters", "1"]) == 0
@@ -250,7 +250,7 @@ def test_table_right_aligns_numeric_columns() -> None:
 
 
 def test_memory_guard_stops_before_a_compile_that_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from swinexp.bench import host
+    from benchmarks import host
 
     memory = {"rss": 1.0, "available": 20.0}
     monkeypatch.setattr(host, "rss_gb", lambda: memory["rss"])
@@ -267,7 +267,7 @@ def test_memory_guard_stops_before_a_compile_that_would_not_fit(monkeypatch: pyt
 
 
 def test_a_candidate_that_fails_to_build_is_left_out_with_its_error() -> None:
-    from swinexp.bench.timing import round_robin
+    from benchmarks.timing import round_robin
 
     def broken() -> None:
         raise TypeError("The parameters number of the function is 0\nC++ call stack ...")
@@ -281,7 +281,7 @@ def test_a_candidate_that_fails_to_build_is_left_out_with_its_error() -> None:
 
 
 def test_memory_guard_waits_for_memory_other_jobs_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    from swinexp.bench import host
+    from benchmarks import host
 
     memory = {"rss": 7.0, "available": 3.0}
     monkeypatch.setattr(host, "rss_gb", lambda: memory["rss"])

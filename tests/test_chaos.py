@@ -1,10 +1,10 @@
-"""`python -m swinexp.bench chaos`: SIGKILLs at chosen phases, each followed by a resume, lose and repeat nothing."""
+"""`python -m benchmarks chaos`: SIGKILLs at chosen phases, each followed by a resume, lose and repeat nothing."""
 from __future__ import annotations
 
 import pytest
 
-from swinexp.bench import chaos
-from swinexp.bench.options import Options
+from benchmarks import chaos
+from benchmarks.options import Options
 from swinexp.registry import ConfigError
 from swinexp.runtime import phases
 

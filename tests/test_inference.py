@@ -15,8 +15,8 @@ from mindspore import nn
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from swinexp import evaluate, export, predict
-from swinexp.saved_run import load_model, open_run
+from swinexp.serve import evaluate, export, predict
+from swinexp.serve.saved_run import load_model, open_run
 from tests.conftest import ROOT, TrainedRun
 
 EAGER = ["hardware.mode=pynative"]  # no graph compile for a few batches
@@ -96,7 +96,8 @@ def test_the_three_tools_run_as_modules(trained_run: TrainedRun, tmp_path: Path)
         return out.stdout
 
     ckpt = trained_run.run_dir / "checkpoints" / "best.ckpt"
-    assert "val/top1" in tool("swinexp.evaluate", str(ckpt), *EAGER)  # a checkpoint file finds its run dir's config
+    # a checkpoint file finds its run dir's config
+    assert "val/top1" in tool("swinexp.serve.evaluate", str(ckpt), *EAGER)
     assert (tmp_path / "preds.csv").is_file() is False
-    tool("swinexp.predict", str(ckpt), str(_val_dir(trained_run)), "--topk", "5", "--out", "preds.csv", *EAGER)
+    tool("swinexp.serve.predict", str(ckpt), str(_val_dir(trained_run)), "--topk", "5", "--out", "preds.csv", *EAGER)
     assert len((tmp_path / "preds.csv").read_text().splitlines()) == 41

@@ -1,13 +1,13 @@
 """The model and AdamW keep off MindSpore's CPU kernels that hold memory (models/layers.py, "Kernels that hold memory").
 
-Peak resident memory in fresh processes (`swinexp.bench.kernels`). The bounds sit between what the steps hold now
+Peak resident memory in fresh processes (`benchmarks.kernels`). The bounds sit between what the steps hold now
 and what they held with `ops.transpose`, implicit broadcasts and divisions (measured here, in the comments).
 """
 from __future__ import annotations
 
 import pytest
 
-from swinexp.bench import kernels
+from benchmarks import kernels
 
 
 def test_a_kernel_that_holds_buffers_is_told_apart_from_one_that_does_not() -> None:

@@ -144,10 +144,11 @@ def test_wheel_create_model_imports_key_and_weights_cli(installed: dict[str, Pat
     assert 0 < nano < micro and module == "swinexp.models.swin"
     assert not pico_before and pico == micro  # registered by `imports:`, built from conf/model/swin_micro.yaml keys
 
-    exported = _run(installed, "-m", "swinexp.weights", "export", "micro.ckpt", "micro.safetensors",
+    exported = _run(installed, "-m", "swinexp.models.weights", "export", "micro.ckpt", "micro.safetensors",
                     "--model", "swin_micro").stdout
     assert "micro.ckpt" in exported and "micro.safetensors" in exported
-    back = _run(installed, "-m", "swinexp.weights", "import", "micro.safetensors", "back.ckpt", "--model", "swin_micro")
+    back = _run(installed, "-m", "swinexp.models.weights", "import", "micro.safetensors", "back.ckpt",
+                "--model", "swin_micro")
     assert "(timm layout): read 63 tensors -> back.ckpt" in back.stdout and (installed["cwd"] / "back.ckpt").is_file()
 
 

@@ -18,9 +18,9 @@ from swinexp.engine import checkpoint
 from swinexp.models import MODELS, SwinTransformer, create_model
 from swinexp.models.convert import fuse_qkv, to_timm
 from swinexp.models.pretrained import assign, load_weights, model_state, read_weights, write_safetensors
+from swinexp.models.weights import main
 from swinexp.optim import adamw
 from swinexp.registry import ConfigError
-from swinexp.weights import main
 
 IMAGES = Tensor(np.random.default_rng(1).standard_normal((2, 3, 64, 64)).astype(np.float32))
 

@@ -4,7 +4,7 @@ The loop marks four phases: `step` (an optimizer step applied, the loop's bookke
 the validation pass, after its first batch), `checkpoint` (the new file written, not yet renamed into place) and
 `mlflow` (the epoch's checkpoint on disk, its metrics not yet logged). With `debug.phase_file` set, each mark
 appends `<phase> <n>` (n counts that phase in this process); with `debug.park_at=<phase>:<n>` the process
-writes `<phase> <n> parked` there and then waits to be killed (`python -m swinexp.bench chaos` SIGKILLs it).
+writes `<phase> <n> parked` there and then waits to be killed (`python -m benchmarks chaos` SIGKILLs it).
 Both null (the default): `mark` does nothing.
 """
 from __future__ import annotations

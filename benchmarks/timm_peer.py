@@ -1,6 +1,6 @@
 """The PyTorch peer of `peers` and `memory`: timm's SwinTransformer train step, in a process of its own.
 
-    python -m swinexp.bench.timm_peer '<settings as JSON>'      # prints one JSON line (see `measure`)
+    python -m benchmarks.timm_peer '<settings as JSON>'      # prints one JSON line (see `measure`)
 
 torch and MindSpore never share a process here (their thread pools and allocators would meet, and the peak
 memory would mix). The step is what the official `main.py` does in fp32: forward, timm's soft-target cross
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from swinexp.bench.peak import peak_rss_gb
-from swinexp.bench.worker import json_from_worker
+from benchmarks.peak import peak_rss_gb
+from benchmarks.worker import json_from_worker
 
 __all__ = ["TimmSettings", "TimmTiming", "measure", "reference_installed", "run_in_process", "torch_environment"]
 
@@ -83,7 +83,7 @@ def _train_step(settings: TimmSettings) -> Callable[[], float]:
     model = timm_swin(arch, random=True)  # raises for what timm cannot express (ape)
     optimizer = torch.optim.AdamW(official_param_groups(model, settings.weight_decay), lr=settings.lr,
                                   betas=tuple(settings.betas), eps=settings.eps, weight_decay=settings.weight_decay)
-    rng = np.random.default_rng(settings.seed)  # the same batch as swinexp.bench.harness.random_batch
+    rng = np.random.default_rng(settings.seed)  # the same batch as benchmarks.harness.random_batch
     size, classes = int(arch["img_size"]), int(arch["num_classes"])
     images = torch.from_numpy(rng.standard_normal((settings.batch, 3, size, size)).astype(np.float32))
     targets = torch.from_numpy(np.eye(classes, dtype=np.float32)[rng.integers(0, classes, settings.batch)])
@@ -135,7 +135,7 @@ def torch_environment() -> dict[str, str]:
 
 def run_in_process(settings: TimmSettings) -> TimmTiming:
     """`measure` in a fresh Python process (this one may hold MindSpore)."""
-    result = json_from_worker("swinexp.bench.timm_peer", [json.dumps(asdict(settings))], "the timm peer process",
+    result = json_from_worker("benchmarks.timm_peer", [json.dumps(asdict(settings))], "the timm peer process",
                               TIMEOUT_S, env=torch_environment())
     return TimmTiming(**{**result, "seconds": tuple(result["seconds"])})
 

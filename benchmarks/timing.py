@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from swinexp.bench.host import MemoryGuard, load_average
+from benchmarks.host import MemoryGuard, load_average
 
 __all__ = ["Samples", "Timing", "round_robin"]
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
-from swinexp.bench.harness import IMPORT_ROOT, build_train_step, compose, forward_flops, make_step_call, random_batch
-from swinexp.bench.host import MemoryGuard, describe
-from swinexp.bench.options import Options
-from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import progress, round_robin
+from benchmarks.harness import IMPORT_ROOT, build_train_step, compose, forward_flops, make_step_call, random_batch
+from benchmarks.host import MemoryGuard, describe
+from benchmarks.options import Options
+from benchmarks.table import BenchResult, Table
+from benchmarks.timing import progress, round_robin
 from swinexp.build import node
 from swinexp.registry import MODELS, ConfigError
 from swinexp.runtime.hardware import set_seed
@@ -157,7 +157,7 @@ def measure_in_groups(opts: Options, variants: list[Variant]) -> tuple[list[Meas
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "measured.json"
             worker = replace(opts, variants=tuple(v.name for v in group), max_resident=0)
-            cmd = [sys.executable, "-m", "swinexp.bench", "step", *worker.to_argv(), f"--json-out={out}",
+            cmd = [sys.executable, "-m", "benchmarks", "step", *worker.to_argv(), f"--json-out={out}",
                    f"--group={index}"]
             status = subprocess.run(cmd, cwd=IMPORT_ROOT, check=False).returncode
             if status != 0:  # the other groups still count: report this one's variants as left out

@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["IMPORT_ROOT", "json_from_worker"]
 
-IMPORT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding `swinexp`: where worker processes start
+IMPORT_ROOT = Path(__file__).resolve().parents[1]  # the repository root (swinexp/, benchmarks/): where workers start
 
 
 def json_from_worker(module: str, args: Sequence[str], what: str, timeout_s: float,

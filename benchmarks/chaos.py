@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from swinexp.bench.harness import CONF_DIR
-from swinexp.bench.options import Options
-from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import progress
+from benchmarks.harness import CONF_DIR
+from benchmarks.options import Options
+from benchmarks.table import BenchResult, Table
+from benchmarks.timing import progress
 from swinexp.runtime.phases import PHASES
 
 __all__ = ["ChaosFailed", "compare", "run"]

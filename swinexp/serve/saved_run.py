@@ -1,7 +1,7 @@
 """A trained run read back for inference: its config, a checkpoint and its class names, from a run dir, from the
 run's MLflow artifacts downloaded to a folder (the same layout), or from a single checkpoint file.
 
-`python -m swinexp.export`, `.predict` and `.evaluate` start here; everything they build goes through build.py.
+`python -m swinexp.serve.export`, `.predict` and `.evaluate` start here; everything they build goes through build.py.
 """
 from __future__ import annotations
 

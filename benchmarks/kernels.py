@@ -12,7 +12,7 @@ process's peak resident set only grows:
   block to 3;
 - `adamw update` is one AdamW step of a single 16 Mi-float parameter; the figure is the growth in parameter sizes.
 
-    python -m swinexp.bench.kernels <probe>   # the worker; prints one JSON line
+    python -m benchmarks.kernels <probe>   # the worker; prints one JSON line
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from swinexp.bench.host import describe, rss_gb
-from swinexp.bench.peak import peak_rss_gb
-from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import progress
-from swinexp.bench.worker import json_from_worker
+from benchmarks.host import describe, rss_gb
+from benchmarks.peak import peak_rss_gb
+from benchmarks.table import BenchResult, Table
+from benchmarks.timing import progress
+from benchmarks.worker import json_from_worker
 
 __all__ = ["KERNEL_PROBES", "WORKLOADS", "held", "run"]
 
@@ -176,7 +176,7 @@ def worker(probe: str) -> float:
 
 
 def _in_process(probe: str) -> float:
-    return float(json_from_worker("swinexp.bench.kernels", [probe], f"the memory probe '{probe}'", TIMEOUT_S))
+    return float(json_from_worker("benchmarks.kernels", [probe], f"the memory probe '{probe}'", TIMEOUT_S))
 
 
 def held(probe: str) -> float:

@@ -1,4 +1,4 @@
-"""Export a trained run's model for serving: `python -m swinexp.export RUN_DIR_OR_CKPT --format mindir [--out F]`.
+"""Export a trained run's model for serving: `python -m swinexp.serve.export RUN_DIR_OR_CKPT --format mindir [--out F]`.
 
 The model is built from the run's own config (fp32, eval mode) with the checkpoint's weights, and exported with a
 fixed input of (batch, 3, data.img_size, data.img_size) float32 images, normalized as the run's eval transform
@@ -15,7 +15,7 @@ import mindspore as ms
 import numpy as np
 
 from swinexp.registry import ConfigError
-from swinexp.saved_run import CHECKPOINTS, SavedRun, load_model, open_run, setup
+from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, load_model, open_run, setup
 
 FORMATS = {"mindir": "MINDIR"}  # --format -> mindspore.export's file_format
 
@@ -33,7 +33,7 @@ def export(run: SavedRun, out: Path, file_format: str = "mindir", batch_size: in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swinexp.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swinexp.serve.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="a run dir (outputs/<date>/<time>) or a .ckpt file")
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config")
     parser.add_argument("--format", default="mindir", choices=sorted(FORMATS))

@@ -13,7 +13,7 @@ from hydra import initialize_config_dir
 from mindspore import Tensor, nn
 from omegaconf import DictConfig
 
-from swinexp.bench.worker import IMPORT_ROOT
+from benchmarks.worker import IMPORT_ROOT
 from swinexp.build import build_amp, build_optimization, total_batch_size, trainer_cfg
 from swinexp.config import CONF_DIR
 from swinexp.engine.step import StepOutput, TrainStep, make_train_step

@@ -1,9 +1,10 @@
 """Convert Swin weights between timm/official PyTorch files and swinexp checkpoints.
 
-    python -m swinexp.weights import swin_tiny.safetensors swin_tiny.ckpt --model swin_tiny
-    python -m swinexp.weights import swin_tiny_patch4_window7_224.pth swin_tiny.ckpt --model swin_tiny  # needs torch
-    python -m swinexp.weights export swin_tiny.ckpt swin_tiny.safetensors --model swin_tiny
-    python -m swinexp.weights import micro.safetensors micro.ckpt --model swin_micro --set embed_dim=16
+    python -m swinexp.models.weights import swin_tiny.safetensors swin_tiny.ckpt --model swin_tiny
+    # needs torch:
+    python -m swinexp.models.weights import swin_tiny_patch4_window7_224.pth swin_tiny.ckpt --model swin_tiny
+    python -m swinexp.models.weights export swin_tiny.ckpt swin_tiny.safetensors --model swin_tiny
+    python -m swinexp.models.weights import micro.safetensors micro.ckpt --model swin_micro --set embed_dim=16
 
 `import` reads a timm `.safetensors` (no torch needed), an official `.pth` or a `.ckpt`, detects its layout, checks
 every tensor against `--model` and writes a MindSpore checkpoint with the official names (fused qkv, LayerNorm
@@ -120,7 +121,7 @@ def export_weights(ckpt: str | Path, out: str | Path, model: str, num_classes: i
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m swinexp.weights", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swinexp.models.weights", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, src_help, out_help in (
         ("import", "timm .safetensors, official .pth or .ckpt", "MindSpore .ckpt to write"),

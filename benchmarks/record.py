@@ -10,9 +10,9 @@ from pathlib import Path
 
 import mindspore as ms
 
-from swinexp.bench.host import cpu_model
-from swinexp.bench.options import Options
-from swinexp.bench.table import BenchResult
+from benchmarks.host import cpu_model
+from benchmarks.options import Options
+from benchmarks.table import BenchResult
 from swinexp.tracking import MlflowTracker, resolve_uri
 from swinexp.train import git_commit
 

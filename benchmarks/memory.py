@@ -4,7 +4,7 @@ Each peer runs in a process of its own (a process's peak RSS only grows, and Min
 buffers for the life of the process), builds the same step as `peers` (swin_tiny, batch 16, 224 px by default)
 and takes three steps; the figure is the process's peak resident set (VmHWM, `peak.py`), imports included.
 
-    python -m swinexp.bench.memory <swinexp|MindCV> [overrides]   # the MindSpore worker; prints one JSON line
+    python -m benchmarks.memory <swinexp|MindCV> [overrides]   # the MindSpore worker; prints one JSON line
 """
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from swinexp.bench import peers
-from swinexp.bench.harness import build_train_step, compose, quiet_cell_teardown, random_batch
-from swinexp.bench.host import describe, rss_gb
-from swinexp.bench.options import Options
-from swinexp.bench.peak import peak_rss_gb
-from swinexp.bench.peers import MINDCV, SWINEXP, TIMM
-from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import progress
-from swinexp.bench.timm_peer import reference_installed, run_in_process
-from swinexp.bench.worker import json_from_worker
+from benchmarks import peers
+from benchmarks.harness import build_train_step, compose, quiet_cell_teardown, random_batch
+from benchmarks.host import describe, rss_gb
+from benchmarks.options import Options
+from benchmarks.peak import peak_rss_gb
+from benchmarks.peers import MINDCV, SWINEXP, TIMM
+from benchmarks.table import BenchResult, Table
+from benchmarks.timing import progress
+from benchmarks.timm_peer import reference_installed, run_in_process
+from benchmarks.worker import json_from_worker
 
 __all__ = ["Peak", "main", "run"]
 
@@ -66,7 +66,7 @@ def worker(peer: str, overrides: Sequence[str]) -> Peak:
 
 
 def _in_process(peer: str, overrides: Sequence[str]) -> Peak:
-    return Peak(**json_from_worker("swinexp.bench.memory", [peer, *overrides], f"the {peer} memory process",
+    return Peak(**json_from_worker("benchmarks.memory", [peer, *overrides], f"the {peer} memory process",
                                    TIMEOUT_S))
 
 

@@ -1,5 +1,5 @@
 """Classify a folder of images with a trained run:
-`python -m swinexp.predict RUN_DIR_OR_CKPT IMAGE_DIR [--topk 5] [--out preds.csv]`.
+`python -m swinexp.serve.predict RUN_DIR_OR_CKPT IMAGE_DIR [--topk 5] [--out preds.csv]`.
 
 Every image under IMAGE_DIR (recursively; any format PIL reads) gets the run's own eval transform (resize, center
 crop, normalize from its config.yaml), then the model; the CSV has one row per image: `image` (relative to
@@ -22,7 +22,7 @@ from swinexp.build import build_eval_transform
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import IMAGE_SUFFIXES
 from swinexp.registry import ConfigError
-from swinexp.saved_run import CHECKPOINTS, SavedRun, load_model, open_run, setup
+from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, load_model, open_run, setup
 
 log = logging.getLogger("swinexp")
 
@@ -74,7 +74,7 @@ def write_csv(rows: list[tuple[str, list[tuple[str, float]]]], out: Path) -> Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swinexp.predict", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swinexp.serve.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="a run dir (outputs/<date>/<time>) or a .ckpt file")
     parser.add_argument("images", type=Path, help="folder of images (searched recursively)")
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config")

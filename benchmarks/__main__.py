@@ -1,15 +1,15 @@
-"""`python -m swinexp.bench [step] [peers] [memory] [kernels] [data] [overhead] [chaos] [key=value ...]`: tables.
+"""`python -m benchmarks [step] [peers] [memory] [kernels] [data] [overhead] [chaos] [key=value ...]`: tables.
 
-    python -m swinexp.bench step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
-    python -m swinexp.bench memory                             # peak RSS at batch 16: swinexp, MindCV, timm
-    python -m swinexp.bench kernels                            # memory MindSpore kernels hold, and the steps
-    python -m swinexp.bench step --model swin_micro --batch 8 --img-size 64 --iters 5 --warmup 2
-    python -m swinexp.bench step optimizer.lr=1e-4 --variants baseline "all three" "model.qkv=split amp=o2"
-    python -m swinexp.bench step --max-resident 3              # hosts that cannot hold all compiled variants
-    python -m swinexp.bench data --images 512 --workers 2
-    python -m swinexp.bench data --source-size 500x375          # ImageNet-sized JPEGs, cropped to 224
-    python -m swinexp.bench overhead --mlflow                  # also log the table as an MLflow run
-    python -m swinexp.bench chaos --kills 30                   # SIGKILL + resume a training 30 times
+    python -m benchmarks step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
+    python -m benchmarks memory                             # peak RSS at batch 16: swinexp, MindCV, timm
+    python -m benchmarks kernels                            # memory MindSpore kernels hold, and the steps
+    python -m benchmarks step --model swin_micro --batch 8 --img-size 64 --iters 5 --warmup 2
+    python -m benchmarks step optimizer.lr=1e-4 --variants baseline "all three" "model.qkv=split amp=o2"
+    python -m benchmarks step --max-resident 3              # hosts that cannot hold all compiled variants
+    python -m benchmarks data --images 512 --workers 2
+    python -m benchmarks data --source-size 500x375          # ImageNet-sized JPEGs, cropped to 224
+    python -m benchmarks overhead --mlflow                  # also log the table as an MLflow run
+    python -m benchmarks chaos --kills 30                   # SIGKILL + resume a training 30 times
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from swinexp.bench import chaos, data, kernels, memory, overhead, peers, step
-from swinexp.bench.harness import compose, quiet_cell_teardown, release_compiled
-from swinexp.bench.host import NotEnoughMemory
-from swinexp.bench.options import Options
-from swinexp.bench.record import BenchRecorder
-from swinexp.bench.table import BenchResult
-from swinexp.bench.timing import progress
+from benchmarks import chaos, data, kernels, memory, overhead, peers, step
+from benchmarks.harness import compose, quiet_cell_teardown, release_compiled
+from benchmarks.host import NotEnoughMemory
+from benchmarks.options import Options
+from benchmarks.record import BenchRecorder
+from benchmarks.table import BenchResult
+from benchmarks.timing import progress
 from swinexp.registry import ConfigError
 from swinexp.runtime import hardware
 
@@ -40,7 +40,7 @@ BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m swinexp.bench", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("items", nargs="*", metavar="BENCH|OVERRIDE",
                         help=f"sub-benchmarks ({', '.join(BENCHMARKS)}; default: step) and Hydra overrides applied "
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif not args.mlflow:
             run_all(names, opts, None)
         else:
-            recorder = BenchRecorder(args.tracking_uri, names, opts, "python -m swinexp.bench " + shlex.join(argv))
+            recorder = BenchRecorder(args.tracking_uri, names, opts, "python -m benchmarks " + shlex.join(argv))
             progress(f"logging to MLflow: experiment swinexp-bench, run {recorder.run_id}")
             status = "FAILED"
             try:

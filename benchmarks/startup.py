@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from omegaconf import OmegaConf
 
-from swinexp.bench.harness import compose
+from benchmarks.harness import compose
 from swinexp.build import build_experiment
 from swinexp.data import Loader
 from swinexp.engine.step import make_train_step

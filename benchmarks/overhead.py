@@ -1,6 +1,6 @@
 """`overhead`: what a run pays besides training: start-up to the first finished step, and MLflow logging per epoch.
 
-Start-up is timed in fresh processes (`swinexp.bench.startup`), phase by phase, for run.py's default model and
+Start-up is timed in fresh processes (`benchmarks.startup`), phase by phase, for run.py's default model and
 data with `trainer=smoke tracking=none` (override with --model/--batch/--img-size or Hydra overrides). MLflow is
 timed in this process against a new SQLite store in a temporary folder, through `swinexp.tracking.MlflowTracker`
 as training uses it; the per-epoch cost is one `log_metrics` of the dict `fit` logs, shown also as a share of one
@@ -18,19 +18,19 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from swinexp.bench import startup
-from swinexp.bench.harness import IMPORT_ROOT, compose
-from swinexp.bench.host import describe, load_average
-from swinexp.bench.options import Options
-from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import progress
+from benchmarks import startup
+from benchmarks.harness import IMPORT_ROOT, compose
+from benchmarks.host import describe, load_average
+from benchmarks.options import Options
+from benchmarks.table import BenchResult, Table
+from benchmarks.timing import progress
 from swinexp.tracking import MlflowTracker, flatten, resolve_uri
 
 __all__ = ["EPOCH_METRICS", "STARTUP_CODE", "run"]
 
 # argv[0] is startup.py, as a script's would be: MindSpore's compile cache (hardware.compile_cache) reads the entry file
 STARTUP_CODE = ("import time; started = time.time(); import sys; sys.argv[0] = sys.argv.pop(1); "
-                "from swinexp.bench.startup import main; main(started)")
+                "from benchmarks.startup import main; main(started)")
 STEADY_STEPS = 3
 # (row, from stamp, to stamp) of the start-up phases; "spawned" is taken here, just before the child starts
 PHASES = (("python interpreter start", "spawned", "started"),

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from swinexp.bench.harness import IMPORT_ROOT
-from swinexp.bench.host import describe
-from swinexp.bench.options import Options
-from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import progress, round_robin
-from swinexp.bench.timm_peer import reference_installed
+from benchmarks.harness import IMPORT_ROOT
+from benchmarks.host import describe
+from benchmarks.options import Options
+from benchmarks.table import BenchResult, Table
+from benchmarks.timing import progress, round_robin
+from benchmarks.timm_peer import reference_installed
 from swinexp.data.augment import swin
 from swinexp.data.datasets import DataSpec, imagefolder
 from swinexp.data.decode import load_rgb
@@ -109,7 +109,7 @@ def candidates(spec: DataSpec, root: Path, max_workers: int, with_timm: bool) ->
     rows = {"train/in_process": (lambda: _in_process(spec.train, augment), n, (PIPELINES["train"], *loop)),
             "eval/in_process": (lambda: _in_process(spec.val, evaluation), n, (PIPELINES["eval"], *loop))}
     if with_timm:
-        from swinexp.bench import timm_data
+        from benchmarks import timm_data
 
         timm_loop = (f"in-process loop, {timm_data.timm_version()}", "-", "-")
         for kind, split in (("train", "train"), ("eval", "val")):

@@ -19,12 +19,12 @@ from typing import Any
 from mindspore import nn
 from omegaconf import DictConfig
 
-from swinexp.bench.harness import build_train_step, compose, forward_flops, make_step_call, random_batch
-from swinexp.bench.host import MemoryGuard, describe
-from swinexp.bench.options import Options
-from swinexp.bench.table import BenchResult, Table
-from swinexp.bench.timing import Samples, Timing, progress, round_robin
-from swinexp.bench.timm_peer import TimmSettings, TimmTiming, reference_installed, run_in_process
+from benchmarks.harness import build_train_step, compose, forward_flops, make_step_call, random_batch
+from benchmarks.host import MemoryGuard, describe
+from benchmarks.options import Options
+from benchmarks.table import BenchResult, Table
+from benchmarks.timing import Samples, Timing, progress, round_robin
+from benchmarks.timm_peer import TimmSettings, TimmTiming, reference_installed, run_in_process
 from swinexp.build import node, trainer_cfg
 from swinexp.registry import MODELS
 from swinexp.runtime.hardware import set_seed

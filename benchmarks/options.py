@@ -8,7 +8,7 @@ __all__ = ["Options"]
 
 @dataclass(frozen=True)
 class Options:
-    """Command-line settings; None means "the sub-benchmark's default" (see `python -m swinexp.bench --help`).
+    """Command-line settings; None means "the sub-benchmark's default" (see `python -m benchmarks --help`).
 
     Attributes:
         model: conf/model option (step/peers default swin_tiny; overhead default: run.py's, swin_micro).

@@ -1,4 +1,4 @@
-"""Score a trained run again: `python -m swinexp.evaluate RUN_DIR_OR_CKPT [key=value ...] [--checkpoint last]`.
+"""Score a trained run again: `python -m swinexp.serve.evaluate RUN_DIR_OR_CKPT [key=value ...] [--checkpoint last]`.
 
 Reads the run's config.yaml, applies the overrides (e.g. data.root=/elsewhere, trainer.limit_val_batches=null),
 builds the experiment through build.py and runs the validation pass of training on the checkpoint's weights with
@@ -17,7 +17,7 @@ from swinexp.build import build_experiment
 from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import evaluate, make_eval_step
 from swinexp.registry import ConfigError
-from swinexp.saved_run import CHECKPOINTS, SavedRun, open_run, setup
+from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, open_run, setup
 from swinexp.tracking import NullTracker
 
 
@@ -30,7 +30,7 @@ def evaluate_run(run: SavedRun) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swinexp.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swinexp.serve.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="a run dir (outputs/<date>/<time>) or a .ckpt file")
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config, e.g. data.root=...")
     parser.add_argument("--checkpoint", default="best", choices=CHECKPOINTS, help="for a run dir: which checkpoint")
