@@ -14,6 +14,7 @@ from benchmarks.options import Options
 from benchmarks.step import Measured, parse_variant, split_groups, step_table
 from benchmarks.table import Table
 from swinexp.registry import ConfigError
+from tests.conftest import ROOT
 
 # swin_micro shrunk further: 32 px, embed 16, one block per stage, 10 classes
 MICRO = ["--model", "swin_micro", "--img-size", "32", "--batch", "2", "--num-classes", "10", "model.embed_dim=16",
@@ -123,7 +124,7 @@ def test_a_worker_reports_its_own_peak_memory_not_its_parents() -> None:
     code = ("import resource; from benchmarks.peak import peak_rss_gb; "
             "print(peak_rss_gb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)")
     own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                               check=True).stdout.split())
+                                               check=True, cwd=ROOT).stdout.split())  # benchmarks/ is not installed
     assert own < 0.3 < 0.55 < inherited  # ru_maxrss kept the parent's peak across exec; VmHWM did not
     del ballast
 
