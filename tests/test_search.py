@@ -36,8 +36,8 @@ def test_search_space_keeps_hydra_override_syntax_and_the_command_line_wins() ->
     assert fixed == ["trainer.epochs=3"]
 
 
-def _study(tmp_path: Path) -> tuple[str, optuna.Study]:
-    url = str(tmp_path / "s.optuna.journal")
+def _study(tmp_path: Path, storage: str = "journal") -> tuple[str, optuna.Study]:
+    url = str(tmp_path / "s.optuna.journal") if storage == "journal" else f"sqlite:///{tmp_path}/optuna.db"
     study = optuna.create_study(study_name="s", storage=open_storage(url), direction="maximize")
     done = study.ask()
     done.report(50.0, step=1)
@@ -45,8 +45,9 @@ def _study(tmp_path: Path) -> tuple[str, optuna.Study]:
     return url, study
 
 
-def test_a_trial_below_the_median_is_pruned_and_says_so_in_the_study(tmp_path: Path) -> None:
-    url, study = _study(tmp_path)
+@pytest.mark.parametrize("storage", ["journal", "sqlite"])  # sqlite: SQLAlchemy 2 (MLflow's) with Optuna 5
+def test_a_trial_below_the_median_is_pruned_and_says_so_in_the_study(tmp_path: Path, storage: str) -> None:
+    url, study = _study(tmp_path, storage)
     weak, strong = study.ask(), study.ask()
     pruner = {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 1}
     hydra_job = OmegaConf.create({"job": {"env_set": {
