@@ -152,6 +152,9 @@ class OptunaSweeper(Sweeper):
         study = optuna.create_study(study_name=self.study_name, storage=open_storage(url), direction=self.direction,
                                     sampler=build_sampler(self.sampler), pruner=build_pruner(self.pruner),
                                     load_if_exists=True)
+        if study.trials and self.sampler.get("seed") is not None:  # a continued study: a sampler seeded as before
+            # would draw the first command's points again
+            study.sampler = build_sampler({**self.sampler, "seed": int(self.sampler["seed"]) + len(study.trials)})
         for_every_job(self.config, {STUDY_ENV: json.dumps({"storage": url, "study_name": self.study_name,
                                                            "pruner": self.pruner})})
         if os.environ.get(PARENT_RUN_ENV) and PARENT_RUN_ATTR not in study.user_attrs:

@@ -96,7 +96,8 @@ def for_every_job(config: DictConfig, env: Mapping[str, str]) -> None:
 
 
 def optimization_result(sweep_dir: Path) -> dict[str, Any] | None:
-    """What a search sweeper (hydra/sweeper=optuna) found: {'best_params': {...}, 'best_value': x}, or None."""
+    """What a search sweeper (hydra/sweeper=swinexp_optuna) found: {'best_params': {...}, 'best_value': x,
+    'best_job': trial number}, or None."""
     path = sweep_dir / "optimization_results.yaml"
     if not path.is_file():
         return None
@@ -108,7 +109,7 @@ def optimization_result(sweep_dir: Path) -> dict[str, Any] | None:
 class SweepCallback(Callback):
     """Creates the parent run before the first job, keeps its status current, and lists failed jobs.
 
-    After a search (hydra/sweeper=optuna) the parent run gets the best trial: `best.<key>` params and tags, the
+    After a search (hydra/sweeper=swinexp_optuna) the parent run gets the best trial: `best.<key>` params and tags, the
     objective as `best.objective` (and the metric's name as `best.metric`), and the job as `best.job`.
     """
 
