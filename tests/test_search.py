@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from hydra_plugins.swinexp_optuna.optuna_sweeper import search_space
+from hydra_plugins.swinexp_optuna.optuna_sweeper import OptunaSweeper, search_space
 from swinexp.tracking.study import PRUNED_ATTR, STUDY_ENV, TRIAL_ENV, StudyTrial, continued_parent_run, open_storage
 from tests.conftest import ROOT, SMOKE
 
@@ -77,6 +77,21 @@ def test_a_continued_search_finds_its_parent_run_in_the_study(tmp_path: Path) ->
     assert continued_parent_run(config) == "abc"
     config.hydra.sweeper.study_name = "other"
     assert continued_parent_run(config) is None
+
+
+def test_a_rerun_tells_what_the_killed_jobs_left_and_runs_only_the_unfinished_trials_again(tmp_path: Path) -> None:
+    url, study = _study(tmp_path)  # trial 0 complete
+    pruned, finished, interrupted = study.ask(), study.ask(), study.ask()  # RUNNING when the sweep was killed
+    pruned.set_user_attr(PRUNED_ATTR, 1)
+    (tmp_path / str(finished.number)).mkdir()  # its job ended after the kill, and left its result in its run dir
+    (tmp_path / str(finished.number) / "metrics.json").write_text(json.dumps({"val/top1": 42.0}))
+    sweeper = OptunaSweeper("s", url, "maximize", 4, 2, {"name": "tpe"}, {"name": "none"}, None)
+    sweeper.config = OmegaConf.create({"optimized_metric": "val/top1"})
+    assert sweeper._leftover(study, sweep_dir=tmp_path) == [interrupted.number]
+    trials = optuna.load_study(study_name="s", storage=open_storage(url)).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.COMPLETE,
+                                         TrialState.RUNNING]
+    assert trials[finished.number].value == 42.0
 
 
 def _search(tmp_path: Path) -> list[str]:
