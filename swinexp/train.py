@@ -171,7 +171,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     return train(cfg, job, hw)
 
 
-def _trial_pruning(job: JobInfo, metric: str) -> TrialPruning | None:
+def _trial_pruning(job: JobInfo, metric: str, last_epoch: int) -> TrialPruning | None:
     """The Optuna trial's report-and-prune check for `fit`, in a search; a trial of several msrun workers is not
     pruned (the workers would each ask the study, and could disagree)."""
     if job.trial is None:
@@ -180,7 +180,7 @@ def _trial_pruning(job: JobInfo, metric: str) -> TrialPruning | None:
         log.warning("optuna: trial %d runs on msrun workers and is not pruned (pruning needs one process)",
                     job.trial.number)
         return None
-    return job.trial.pruning(metric, job.run_dir)
+    return job.trial.pruning(metric, job.run_dir, last_epoch)
 
 
 def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
@@ -218,7 +218,7 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         if exp.trainer.amp_report and launch.rank() == 0 and resume_from is None:
             log_amp_report(exp, build_model(cfg), job.run_dir)
         jit = hw.mode == "graph"
-        pruning = _trial_pruning(job, str(cfg.optimized_metric))
+        pruning = _trial_pruning(job, str(cfg.optimized_metric), exp.trainer.stop_after_epoch or exp.trainer.epochs)
         history = ([evaluate_only(exp, jit)] if exp.trainer.eval_only
                    else fit(exp, job.run_dir, jit, resume_from, config, job.choices, pruning))
         stopped = not exp.trainer.eval_only and len(history) < exp.trainer.epochs

@@ -52,10 +52,12 @@ def test_a_trial_below_the_median_is_pruned_and_says_so_in_the_study(tmp_path: P
     pruner = {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 1}
     hydra_job = OmegaConf.create({"job": {"env_set": {
         STUDY_ENV: json.dumps({"storage": url, "study_name": "s", "pruner": pruner}), TRIAL_ENV: str(weak.number)}}})
-    check = StudyTrial.of(hydra_job).pruning("val/top1", tmp_path / "run")
+    check = StudyTrial.of(hydra_job).pruning("val/top1", tmp_path / "run", last_epoch=2)
     assert check(1, {"val/top1": 10.0}) is True and check.tags()["optuna.state"] == "PRUNED"
-    strong_check = StudyTrial(url, "s", pruner, strong.number).pruning("val/top1", tmp_path / "run2")
+    strong_check = StudyTrial(url, "s", pruner, strong.number).pruning("val/top1", tmp_path / "run2", last_epoch=2)
     assert strong_check(1, {"val/top1": 60.0}) is False and strong_check.tags()["optuna.state"] == "COMPLETE"
+    finishing = StudyTrial(url, "s", pruner, study.ask().number).pruning("val/top1", tmp_path / "run3", last_epoch=1)
+    assert finishing(1, {"val/top1": 10.0}) is False  # as weak, but at its last epoch: complete, not pruned
     trials = optuna.load_study(study_name="s", storage=open_storage(url)).trials  # what the sweeper reads back
     assert trials[weak.number].user_attrs[PRUNED_ATTR] == 1 and trials[weak.number].intermediate_values == {1: 10.0}
     assert PRUNED_ATTR not in trials[strong.number].user_attrs

@@ -147,16 +147,18 @@ class TrialPruning:
     """What `fit` calls after every epoch (`should_stop`): report the metric to the trial, ask the pruner.
 
     The epoch number counts from 1, as the MLflow steps do; a pruned trial stops there like a run with
-    `trainer.stop_after_epoch` at that epoch (checkpointed, continuable), and the trial records the epoch.
+    `trainer.stop_after_epoch` at that epoch (checkpointed, continuable), and the trial records the epoch. The last
+    epoch is only reported: a trial that ran its whole schedule is complete, whatever the pruner thinks of it.
     """
 
     trial: optuna.trial.Trial
     metric: str
+    last_epoch: int
     pruned_at: int | None = field(default=None, init=False)
 
     def __call__(self, epoch: int, metrics: Mapping[str, float]) -> bool:
         self.trial.report(float(metrics[self.metric]), step=epoch)
-        if not self.trial.should_prune():
+        if epoch >= self.last_epoch or not self.trial.should_prune():
             return False
         self.pruned_at = epoch
         self.trial.set_user_attr(PRUNED_ATTR, epoch)
@@ -190,8 +192,9 @@ class StudyTrial:
     def tags(self) -> dict[str, str]:
         return {"optuna.study": self.study_name, "optuna.trial": str(self.number)}
 
-    def pruning(self, metric: str, run_dir: Path) -> TrialPruning:
-        """Open the trial in the study, with the study's pruner, and record where it runs."""
+    def pruning(self, metric: str, run_dir: Path, last_epoch: int) -> TrialPruning:
+        """Open the trial in the study, with the study's pruner, and record where it runs; `last_epoch`: the one its
+        run ends with anyway (trainer.stop_after_epoch or trainer.epochs)."""
         import optuna
 
         storage = open_storage(self.storage)
@@ -200,4 +203,4 @@ class StudyTrial:
         study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=build_pruner(self.pruner))
         trial = optuna.trial.Trial(study, trial_id)
         trial.set_user_attr(RUN_DIR_ATTR, str(run_dir.resolve()))
-        return TrialPruning(trial, metric)
+        return TrialPruning(trial, metric, last_epoch)
