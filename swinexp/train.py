@@ -37,6 +37,7 @@ from swinexp.runtime.interrupt import Interrupted
 from swinexp.serve.saved_run import CLASSES_FILE
 from swinexp.tracking import STOPPED_TAG, NullTracker, Tracker, flatten
 from swinexp.tracking.dataset import split_records
+from swinexp.tracking.study import StudyTrial, TrialPruning
 from swinexp.tracking.sweep import SweepInfo, override_key, sweep_of
 
 log = logging.getLogger("swinexp")
@@ -54,13 +55,14 @@ class JobInfo:
     choices: dict[str, str] = field(default_factory=dict)
     sweep: SweepInfo | None = None
     config_dirs: list[str] = field(default_factory=list)  # the user's -cd folders: msrun workers compose with them
+    trial: StudyTrial | None = None  # the Optuna trial this job is, in a search (hydra/sweeper=swinexp_optuna)
 
     @classmethod
     def from_hydra(cls, hydra_cfg: DictConfig) -> JobInfo:
         """From `HydraConfig.get()` inside a Hydra job."""
         config_dirs = [s.path for s in hydra_cfg.runtime.config_sources if s.provider == "command-line"]
         return cls(Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task),
-                   dict(hydra_cfg.runtime.choices), sweep_of(hydra_cfg), config_dirs)
+                   dict(hydra_cfg.runtime.choices), sweep_of(hydra_cfg), config_dirs, StudyTrial.of(hydra_cfg))
 
     def relaunch_args(self) -> list[str]:
         """The arguments that compose this job again in another process (an msrun worker)."""
@@ -79,7 +81,7 @@ class JobInfo:
                 RUN_DIR_TAG: str(self.run_dir.resolve()), "mlflow.source.type": "LOCAL",
                 "mlflow.source.name": str(Path(sys.argv[0]).resolve()) if sys.argv[0] else "python",
                 "mlflow.user": _user(),
-                **(self.sweep.tags() if self.sweep else {}),
+                **(self.sweep.tags() if self.sweep else {}), **(self.trial.tags() if self.trial else {}),
                 **{f"choice.{k.split('@')[0]}": str(v) for k, v in self.choices.items()  # no @package: MLflow
                    if v is not None and not k.startswith("hydra")}}                    # rejects '@' in names
         if commit := git_commit():
@@ -233,6 +235,18 @@ def inspect_precision(cfg: DictConfig, hw: HardwareCfg) -> str:
     return header + "\n" + amp_report.artifacts(build_model(cfg), exp.model, exp.amp, images)["amp_drift.txt"]
 
 
+def _trial_pruning(job: JobInfo, metric: str, last_epoch: int) -> TrialPruning | None:
+    """The Optuna trial's report-and-prune check for `fit`, in a search; a trial of several msrun workers is not
+    pruned (the workers would each ask the study, and could disagree)."""
+    if job.trial is None:
+        return None
+    if launch.is_worker():
+        log.warning("optuna: trial %d runs on msrun workers and is not pruned (pruning needs one process)",
+                    job.trial.number)
+        return None
+    return job.trial.pruning(metric, job.run_dir, last_epoch)
+
+
 def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
     """Open (or reopen) the tracker run, build, fit, and end the run with the status that matches what happened:
     FINISHED, FAILED, or KILLED (a signal; then the process exits non-zero).
@@ -269,10 +283,11 @@ def train(cfg: DictConfig, job: JobInfo, hw: HardwareCfg) -> dict[str, float]:
         if exp.trainer.amp_report and launch.rank() == 0 and resume_from is None:
             log_amp_report(exp, build_model(cfg), job.run_dir)
         jit = hw.mode == "graph"
+        pruning = _trial_pruning(job, str(cfg.optimized_metric), exp.trainer.stop_after_epoch or exp.trainer.epochs)
         history = ([evaluate_only(exp, jit)] if exp.trainer.eval_only
-                   else fit(exp, job.run_dir, jit, resume_from, config, job.choices))
+                   else fit(exp, job.run_dir, jit, resume_from, config, job.choices, pruning))
         stopped = not exp.trainer.eval_only and len(history) < exp.trainer.epochs
-        tracker.set_tags({STOPPED_TAG: str(len(history)) if stopped else None})
+        tracker.set_tags({STOPPED_TAG: str(len(history)) if stopped else None, **(pruning.tags() if pruning else {})})
     except (Interrupted, KeyboardInterrupt):
         log_checkpoint_artifacts(tracker, job.run_dir, finished=False)
         tracker.close("KILLED")

@@ -1,4 +1,6 @@
-"""Sweeps beyond one process at a time: parallel isolated jobs on disjoint devices, submitit, Optuna, SLURM nodes.
+"""Sweeps beyond one process at a time: parallel isolated jobs on disjoint devices, submitit, SLURM nodes.
+
+Optuna searches (also parallel) are tested in test_search.py.
 
 The slow tests run the real CLI (`python run.py -m ...`) with the real Hydra plugins into real MLflow sqlite stores
 (two jobs writing at once, as they do in a parallel sweep).
@@ -152,32 +154,6 @@ def test_submitit_local_sweep_lands_as_one_parent_and_two_children(tmp_path: Pat
         assert child.info.status == "FINISHED" and child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert len({c.data.tags["pid"] for c in children}) == 2  # submitit ran each job in a process of its own
     assert list((tmp_path / "multirun" / ".submitit").iterdir())
-
-
-@pytest.mark.slow
-def test_optuna_search_logs_trials_as_children_and_the_best_on_the_parent(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = _run("-m", "hparams_search=swin_lr_wd", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
-               "hydra.launcher.max_parallel=2", *_smoke(tmp_path / "data"),
-               "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    parent, children = _runs(uri)
-    assert parent.info.status == "FINISHED" and len(children) == 2
-    assert parent.data.tags["sweep.keys"] == "optimizer.lr,optimizer.weight_decay"
-    client = MlflowClient(uri)
-    top1 = {int(c.data.tags["sweep.job"]): client.get_metric_history(c.info.run_id, "val/top1")[-1].value
-            for c in children}
-    for child in children:
-        assert 1e-5 <= float(child.data.params["optimizer.lr"]) <= 1e-2
-        assert 0.0 <= float(child.data.params["optimizer.weight_decay"]) <= 0.1
-        assert child.info.run_name.startswith("optimizer.lr=")
-    best_job = max(top1, key=top1.get)
-    best = children[best_job]
-    tags = parent.data.tags
-    assert tags["best.job"] == str(best_job) and float(tags["best.objective"]) == pytest.approx(top1[best_job])
-    assert tags["best.metric"] == "val/top1" and parent.data.params["best.objective"] == tags["best.objective"]
-    for key in ("optimizer.lr", "optimizer.weight_decay"):
-        assert float(tags[f"best.{key}"]) == pytest.approx(float(best.data.params[key]))
 
 
 @pytest.mark.slow

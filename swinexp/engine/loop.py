@@ -6,7 +6,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from mindspore import nn
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from swinexp.engine.profiling import StepProfiler
 
 log = logging.getLogger("swinexp")
+
+# fit's `should_stop`: called after each epoch's checkpoint and log with (epoch number from 1, its metrics); True
+# ends the training there, as trainer.stop_after_epoch would (e.g. an Optuna trial its pruner stops).
+EpochCheck = Callable[[int, dict[str, float]], bool]
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -49,9 +53,11 @@ class _Checkpoints:
 
 
 def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | None = None,
-        config: dict | None = None, choices: dict[str, str | None] | None = None) -> list[dict[str, float]]:
-    """Train up to trainer.stop_after_epoch (null: trainer.epochs), evaluating, checkpointing and logging after
-    every epoch; the LR schedule always spans trainer.epochs, so a run stopped early continues it unchanged.
+        config: dict | None = None, choices: dict[str, str | None] | None = None,
+        should_stop: EpochCheck | None = None) -> list[dict[str, float]]:
+    """Train up to trainer.stop_after_epoch (null: trainer.epochs) or until `should_stop` says so, evaluating,
+    checkpointing and logging after every epoch; the LR schedule always spans trainer.epochs, so a run stopped early
+    continues it unchanged.
 
     An epoch is `exp.steps_per_epoch` optimizer steps of `trainer.accumulation_steps` micro-batches each; the LR
     schedule and every step counter count optimizer steps. With trainer.ema.decay set, the EMA weights are
@@ -89,10 +95,11 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
             _log_epoch(epoch, trainer.epochs, metrics)
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
+            if should_stop is not None and should_stop(progress.epoch, metrics):
+                break
     if progress.epoch < trainer.epochs:
-        log.info("trainer.stop_after_epoch=%d: stopped after epoch %d of %d; continue with the same command and "
-                 "trainer.stop_after_epoch=null (or a later epoch) in this run dir", last_epoch, progress.epoch,
-                 trainer.epochs)
+        log.info("stopped after epoch %d of %d; continue with the same command and trainer.stop_after_epoch=null "
+                 "(or a later epoch) in this run dir", progress.epoch, trainer.epochs)
     if profiler and (summary := profiler.finish()) is not None:
         exp.tracker.log_artifact(summary)
         log.info("profile of the train step (top ops by time): %s", summary)

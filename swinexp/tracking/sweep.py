@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from swinexp.tracking import Tracker
+from swinexp.tracking.study import continued_parent_run
 
 log = logging.getLogger("swinexp")
 
@@ -95,7 +96,8 @@ def for_every_job(config: DictConfig, env: Mapping[str, str]) -> None:
 
 
 def optimization_result(sweep_dir: Path) -> dict[str, Any] | None:
-    """What a search sweeper (hydra/sweeper=optuna) found: {'best_params': {...}, 'best_value': x}, or None."""
+    """What a search sweeper (hydra/sweeper=swinexp_optuna) found: {'best_params': {...}, 'best_value': x,
+    'best_job': trial number}, or None."""
     path = sweep_dir / "optimization_results.yaml"
     if not path.is_file():
         return None
@@ -107,7 +109,7 @@ def optimization_result(sweep_dir: Path) -> dict[str, Any] | None:
 class SweepCallback(Callback):
     """Creates the parent run before the first job, keeps its status current, and lists failed jobs.
 
-    After a search (hydra/sweeper=optuna) the parent run gets the best trial: `best.<key>` params and tags, the
+    After a search (hydra/sweeper=swinexp_optuna) the parent run gets the best trial: `best.<key>` params and tags, the
     objective as `best.objective` (and the metric's name as `best.metric`), and the job as `best.job`.
     """
 
@@ -115,6 +117,7 @@ class SweepCallback(Callback):
     tracker: Tracker | None = None
     running: set[int] = field(default_factory=set)        # job numbers started and not ended
     returned: dict[int, Any] = field(default_factory=dict)  # job number -> the value it returned to the sweeper
+    continued: bool = False  # the parent run of an earlier command, continued (a search's study)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy shipped into a job's process (hydra/launcher=submitit_local, slurm_*) leaves the parent run to the
@@ -130,13 +133,16 @@ class SweepCallback(Callback):
         keys = tuple(dict.fromkeys(override_key(o) for o in sweeps))
         # Creating the experiment here, once, avoids jobs racing to create it.
         self.tracker = build_tracker(config)
+        continued = continued_parent_run(config)  # a search continuing its study logs into the study's parent
         parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
             "sweep.role": "parent", "sweep.keys": ",".join(keys),
             "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
-            "overrides": " ".join(config.hydra.overrides.task)})
-        self.tracker.log_params({"sweep.definition": " ".join(sweeps),
-                                 "sweep.fixed_overrides": " ".join(o for o in config.hydra.overrides.task
-                                                                   if o not in sweeps)})
+            "overrides": " ".join(config.hydra.overrides.task)}, run_id=continued)
+        self.continued = continued is not None
+        if not self.continued:
+            self.tracker.log_params({"sweep.definition": " ".join(sweeps),
+                                     "sweep.fixed_overrides": " ".join(o for o in config.hydra.overrides.task
+                                                                       if o not in sweeps)})
         for_every_job(config, {PARENT_RUN_ENV: parent or "", SWEEP_KEYS_ENV: ",".join(keys)})
         os.environ[PARENT_RUN_ENV] = parent or ""
         os.environ[SWEEP_KEYS_ENV] = ",".join(keys)
@@ -184,15 +190,21 @@ class SweepCallback(Callback):
         result = optimization_result(Path(str(config.hydra.sweep.dir)))
         if result is not None and self.tracker is not None:
             self._log_best(result, config.get("optimized_metric"))
+        study_files = Path(str(config.hydra.sweep.dir)) / "optuna"  # the study's trial table and plots
+        if study_files.is_dir() and self.tracker is not None:
+            for path in sorted(study_files.iterdir()):
+                self.tracker.log_artifact(path, "optuna")
         self._finish()
 
     def _log_best(self, result: dict[str, Any], metric: str | None) -> None:
         assert self.tracker is not None
         best = {f"best.{k}": v for k, v in result["best_params"].items()}
-        jobs = [num for num, value in sorted(self.returned.items()) if value == result["best_value"]]
+        jobs = ([result["best_job"]] if "best_job" in result  # a search that ran over several commands
+                else [num for num, value in sorted(self.returned.items()) if value == result["best_value"]])
         tags = {**best, "best.objective": result["best_value"], "best.metric": metric or "",
                 **({"best.job": jobs[0]} if jobs else {})}
-        self.tracker.log_params({**best, "best.objective": result["best_value"]})
+        if not self.continued:  # MLflow params cannot change: a continued study's new best is in the tags
+            self.tracker.log_params({**best, "best.objective": result["best_value"]})
         self.tracker.set_tags({k: str(v) for k, v in tags.items()})
         log.info("best trial: %s", " ".join(f"{k}={v}" for k, v in tags.items()))
 
