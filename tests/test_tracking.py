@@ -71,7 +71,7 @@ def test_sweep_callback_leaves_a_failed_single_run_alone() -> None:
     callback = SweepCallback()
     callback.on_job_end(config, JobReturn(overrides=["trainer.epochs=0"], status=JobStatus.FAILED,
                                           _return_value=RuntimeError("boom")))
-    assert callback.failed == [] and callback.tracker is None
+    assert not callback.failed and callback.tracker is None
 
 
 def test_null_tracker_reopens_nothing() -> None:
