@@ -1,7 +1,8 @@
 """Where a sweep's comparison is in MLflow's UI: the experiment's kind, a shared view of the sweep, its link.
 
 MLflow 3.17's runs page keeps little in its URL: the search facets (`searchFilter`, `orderByKey`, `orderByAsc`,
-`startTime`, `lifecycleFilter`, `modelVersionFilter`, `datasetsFilter`) and the view (`compareRunsMode=TABLE|CHART`).
+`startTime`, `lifecycleFilter`, `modelVersionFilter`, `datasetsFilter`), the view (`compareRunsMode=TABLE|CHART`)
+and the sidebar's GenAI / Model training switch (`workflowType=genai|machine_learning`).
 Everything else (expanded rows, hidden runs, the charts and their search box) lives in the browser's local storage,
 except through a *shared view*: `viewStateShareKey=<key>` makes the page read the experiment tag
 `mlflow.sharedViewState.<key>`, a JSON object with facets and UI state (`chartsSearchFilter`, `compareRunCharts`,
@@ -39,7 +40,9 @@ def share_sweep_view(client: Any, experiment_id: str, parent_run_id: str, metric
 
 def runs_view_url(base_url: str, experiment_id: str, share_key: str) -> str:
     """The runs page opened on a shared view, in chart mode."""
-    query = urlencode({"viewStateShareKey": share_key, "compareRunsMode": "CHART"})
+    # workflowType: the UI's GenAI / Model training switch, which the page reads from the URL before the browser's
+    # stored choice (GenAI for a new user); with it on, the switch and not the experiment's kind picks the pages
+    query = urlencode({"viewStateShareKey": share_key, "compareRunsMode": "CHART", "workflowType": "machine_learning"})
     return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
 
 
