@@ -251,7 +251,8 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
     text = (f"{parent.info.run_name}  ({len(runs)} runs, parent {parent_run_id})\n\n{table}{failures}\n{best_line}"
             f"screens (stopped early; continue with trainer.stop_after_epoch=null): {', '.join(screens) or 'none'}\n"
             f"finished (all trainer.epochs): {', '.join(finished) or 'none'}\n"
-            f"report: {out}/report.html (also in the parent run's artifacts, report/)\n"
+            f"report: {out}/report.html, and in the parent run's artifacts (report/): "
+            f"{ui.run_url(base, found.experiment_id, parent_run_id)}\n"
             f"compare in MLflow: {url}\n"
             + (f"  first serve the store: {command}\n" if command else ""))
     return Report(table, text, url)

@@ -148,6 +148,8 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(launcher: str, tmp_path: 
     (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
     assert "#0 trainer.epochs=0" in parent.data.tags["sweep.failed_jobs"]
     assert "1 sweep job(s) failed" in out.stderr
+    # the sweep still ends with its report, which lists the failed job under the table
+    assert "| trainer.epochs=2 | " in out.stdout and "Failed jobs:\n- #0 trainer.epochs=0" in out.stdout, out.stdout
 
 
 def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path) -> None:

@@ -151,6 +151,7 @@ class SweepCallback(Callback):
     running: set[int] = field(default_factory=set)        # job numbers started and not ended
     returned: dict[int, Any] = field(default_factory=dict)  # job number -> the value it returned to the sweeper
     sweep_dir: Path | None = None
+    keys: tuple[str, ...] = ()                            # the override keys the sweep varies
     metric: str = "val/top1"
     epoch: int | None = None
 
@@ -166,7 +167,7 @@ class SweepCallback(Callback):
             return
         sweeps = sweep_overrides(config)
         keys = tuple(dict.fromkeys(override_key(o) for o in sweeps))
-        self.sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        self.sweep_dir, self.keys = Path(str(config.hydra.sweep.dir)).resolve(), keys
         self.metric = str(config.get("optimized_metric") or "val/top1")
         self.epoch = screening_epoch(config, keys)
         # The sweep's process only waits for its jobs: its own CPU and memory samples would add nine system
@@ -214,7 +215,9 @@ class SweepCallback(Callback):
         self.running.discard(num)
         if job_return.status is JobStatus.FAILED:
             error = job_return._return_value  # the exception; reading .return_value would re-raise it
-            self.failed[num] = f"#{num} {' '.join(job_return.overrides or [])}: {type(error).__name__}: {error}"
+            given = list(job_return.overrides or [])
+            varied = [o for o in given if override_key(o) in self.keys] or given  # the job's name, not every override
+            self.failed[num] = f"#{num} {' '.join(varied)}: {type(error).__name__}: {error}"
             log.error("sweep job #%s failed; the sweep goes on. %s", num, self.failed[num])
             write_failure(config, num, self.failed[num])
         else:
