@@ -181,6 +181,16 @@ def failed_jobs(parent: Run) -> list[str]:
     return [line for line in parent.data.tags.get(FAILED_JOBS_TAG, "").splitlines() if line]
 
 
+def best_trial(tags: dict[str, str], metric: str) -> str:
+    """'best trial: job #3 optimizer.lr=0.001: val/top1 41.5' from a search's `best.*` parent tags, or ''."""
+    if "best.objective" not in tags:
+        return ""
+    values = [f"{k[len('best.'):]}={v}" for k, v in sorted(tags.items())
+              if k.startswith("best.") and k not in ("best.objective", "best.metric", "best.job")]
+    return (f"best trial: job #{tags.get('best.job', '?')} {' '.join(values)}: {tags.get('best.metric') or metric} "
+            f"{tags['best.objective']}\n")
+
+
 def last_common_epoch(client: MlflowClient, runs: list[Run], metric: str) -> int:
     """The last epoch every run that logged `metric` reached: where a sweep of screens compares its jobs."""
     ends = [max(curve) for curve in (history(client, r, metric) for r in runs) if curve]
@@ -243,12 +253,8 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
                                                                            parent_run_id, metric))
     screens = [r.info.run_name for r in runs if run_status(r).startswith("screen")]
     finished = [r.info.run_name for r in runs if run_status(r) == "FINISHED"]
-    tags = parent.data.tags
-    best = [f"{k[len('best.'):]}={v}" for k, v in sorted(tags.items())
-            if k.startswith("best.") and k not in ("best.objective", "best.metric", "best.job")]
-    best_line = (f"best trial: job #{tags.get('best.job', '?')} {' '.join(best)}: {tags.get('best.metric') or metric} "
-                 f"{tags['best.objective']}\n" if "best.objective" in tags else "")
-    text = (f"{parent.info.run_name}  ({len(runs)} runs, parent {parent_run_id})\n\n{table}{failures}\n{best_line}"
+    text = (f"{parent.info.run_name}  ({len(runs)} runs, parent {parent_run_id})\n\n{table}{failures}\n"
+            f"{best_trial(parent.data.tags, metric)}"
             f"screens (stopped early; continue with trainer.stop_after_epoch=null): {', '.join(screens) or 'none'}\n"
             f"finished (all trainer.epochs): {', '.join(finished) or 'none'}\n"
             f"report: {out}/report.html, and in the parent run's artifacts (report/): "

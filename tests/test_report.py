@@ -9,7 +9,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from swinexp.report import main, sweep_report
+from swinexp.report import best_trial, main, sweep_report
 
 
 def _child(client: MlflowClient, exp: str, parent: str, job: int, name: str, top1: list[float]) -> None:
@@ -111,3 +111,10 @@ def test_sweep_report_lists_failed_jobs_writes_a_self_contained_page_and_shares_
     assert not re.search(r"(src|href)=\"https?:", page)  # self-contained: opens offline
     downloaded = client.download_artifacts(parent, "report/report.html", str(tmp_path / "back"))
     assert Path(downloaded).read_text() == page
+
+
+def test_best_trial_names_a_searchs_best_job_its_values_and_objective() -> None:
+    tags = {"best.job": "3", "best.optimizer.lr": "0.001", "best.objective": "41.5", "best.metric": "val/top1",
+            "sweep.role": "parent"}
+    assert best_trial(tags, "val/top5") == "best trial: job #3 optimizer.lr=0.001: val/top1 41.5\n"
+    assert best_trial({"sweep.role": "parent"}, "val/top1") == ""  # a grid has no best trial

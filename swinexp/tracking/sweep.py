@@ -228,8 +228,8 @@ class SweepCallback(Callback):
                 self.tracker.set_tags({FAILED_JOBS_TAG: self._failed_lines()})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        # Hydra calls this when every job succeeded, and after a search whose sweeper kept going past failed trials;
-        # a failed job of a grid makes Hydra raise after the last job (then _abandon ends the sweep at exit).
+        # Hydra calls this when every job succeeded; a failed job makes Hydra raise after the last job, and then
+        # _abandon ends the sweep at exit.
         result = optimization_result(Path(str(config.hydra.sweep.dir)))
         if result is not None and self.tracker is not None:
             self._log_best(result, config.get("optimized_metric"))
