@@ -120,16 +120,15 @@ def screening_epoch(config: DictConfig, keys: Iterable[str]) -> int | None:
 def write_failure(config: DictConfig, num: int, line: str) -> None:
     """Leave a failed job's line in its dir, for the sweep's process to read when the job ran elsewhere (submitit
     runs on_job_end in the job's process, with a copy of the callback)."""
-    job_dir = OmegaConf.select(config, "hydra.runtime.output_dir", default=None, throw_on_missing=False)
-    if job_dir:
-        Path(str(job_dir)).mkdir(parents=True, exist_ok=True)
-        (Path(str(job_dir)) / FAILED_FILE).write_text(json.dumps({"job": num, "line": line}))
+    job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)  # where read_failures looks
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / FAILED_FILE).write_text(json.dumps({"job": num, "line": line}))
 
 
 def read_failures(sweep_dir: Path) -> dict[int, str]:
     """The failed jobs' lines left by `write_failure` in the sweep's job dirs."""
     found = {}
-    for path in sweep_dir.glob(f"*/{FAILED_FILE}"):
+    for path in sweep_dir.rglob(FAILED_FILE):  # hydra.sweep.subdir may be nested
         record = json.loads(path.read_text())
         found[int(record["job"])] = str(record["line"])
     return found
