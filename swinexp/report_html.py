@@ -26,8 +26,9 @@ for (const box of document.querySelectorAll('input[data-job]')) {
 
 
 def _scale(lo: float, hi: float, out_lo: float, out_hi: float) -> Callable[[float], float]:
-    span = (hi - lo) or 1.0
-    return lambda v: out_lo + (v - lo) / span * (out_hi - out_lo)
+    if hi == lo:  # one epoch, or one value: centre it
+        lo, hi = lo - 1, hi + 1
+    return lambda v: out_lo + (v - lo) / (hi - lo) * (out_hi - out_lo)
 
 
 def svg_chart(metric: str, curves: Curves, jobs: Sequence[str], epoch: int | None) -> str:

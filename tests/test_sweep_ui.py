@@ -130,3 +130,13 @@ def test_the_link_a_sweep_prints_opens_its_jobs_and_their_val_top1_chart(tmp_pat
             time.sleep(0.2)  # the enlarged chart's legend is a second copy of the card's
         assert min(entry.count() for entry in legend.values()) >= 2
         page.screenshot(path=str(ARTIFACTS / "2-chart-enlarged.png"))
+
+        # the report page the sweep wrote, without a server: a line per job, hidden by unticking the job
+        report = browser.new_page(viewport={"width": 1000, "height": 1100})
+        report.goto((tmp_path / "multirun" / "report" / "report.html").as_uri())
+        lines = report.locator('g[data-job="amp=o2"]')
+        assert lines.count() == 2 and lines.first.is_visible()  # in the val/top1 and the train/loss chart
+        report.locator('input[data-job="amp=o2"]').uncheck()
+        assert not lines.first.is_visible() and not lines.last.is_visible()
+        assert report.locator('g[data-job="amp=o0"]').first.is_visible()
+        report.screenshot(path=str(ARTIFACTS / "3-report-html.png"), full_page=True)
