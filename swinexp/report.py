@@ -257,7 +257,7 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
             f"{best_trial(parent.data.tags, metric)}"
             f"screens (stopped early; continue with trainer.stop_after_epoch=null): {', '.join(screens) or 'none'}\n"
             f"finished (all trainer.epochs): {', '.join(finished) or 'none'}\n"
-            f"report: {out}/report.html, and in the parent run's artifacts (report/): "
+            f"written to {out}/ (open report.html) and to the parent run's artifacts, report/: "
             f"{ui.run_url(base, found.experiment_id, parent_run_id)}\n"
             f"compare in MLflow: {url}\n"
             + (f"  first serve the store: {command}\n" if command else ""))

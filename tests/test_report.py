@@ -92,6 +92,8 @@ def test_sweep_report_lists_failed_jobs_writes_a_self_contained_page_and_shares_
     report = sweep_report(uri, "e", parent, out=tmp_path / "out", ui_port=5001)
     assert "| amp=o0 | 20.00 |" in report.table and "| amp=o2 | 21.00 |" in report.table  # epoch 2
     assert "Failed jobs:\n- #2 amp=o3: ConfigError: no fp16 on CPU" in report.text
+    assert f"written to {tmp_path / 'out'}/ (open report.html) and to the parent run's artifacts, report/: " \
+           f"http://127.0.0.1:5001/#/experiments/{exp}/runs/{parent}" in report.text
     serve = f"mlflow ui --backend-store-uri {uri} --port 5001"
     assert f"compare in MLflow: {report.url}\n  first serve the store: {serve}" in report.text
     assert report.url == (f"http://127.0.0.1:5001/#/experiments/{exp}/runs?viewStateShareKey={parent}"
