@@ -120,6 +120,8 @@ def test_the_link_a_sweep_prints_opens_its_jobs_and_their_val_top1_chart(tmp_pat
             entry.first.wait_for(state="attached", timeout=60_000)
         assert page.get_by_text(f"{parent.info.run_name} (val/top1)", exact=True).count() == 0
         assert page.get_by_text("val/top1", exact=True).first.is_visible()
+        # ... and its curves are drawn (plotly traces; the charts' search leaves only this chart on the page)
+        page.locator("g.trace.scatter").nth(len(jobs) - 1).wait_for(state="attached", timeout=60_000)
         page.screenshot(path=str(ARTIFACTS / "1-printed-link.png"))
         print(f"clicks from the printed link to the overlaid val/top1 curves of the 3 jobs: {clicks}")
 
