@@ -182,7 +182,8 @@ def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_pa
     out = _run("+sweep=amp_ablation", "amp=o0", *_smoke(tmp_path / "data"), "trainer.stop_after_epoch=1",
                "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0"]  # the job did not sweep again
+    # the job did not sweep again: one job dir, beside the sweep's report
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "report"]
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("swinexp").experiment_id
     (child,) = client.search_runs([experiment], "tags.`sweep.job` = '0'")

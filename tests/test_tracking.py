@@ -83,6 +83,7 @@ def test_a_job_failure_seen_in_the_jobs_process_reaches_the_sweeps(tmp_path: Pat
         config = compose_cfg("config", overrides=[*SMOKE, f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
     with open_dict(config):
         config.hydra.job.num = 4
+    (tmp_path / "4").mkdir()  # the job's dir, made by Hydra when the job started
     in_job = pickle.loads(pickle.dumps(SweepCallback(keys=("amp",))))
     in_job.on_job_end(config, JobReturn(overrides=["amp=o3", "seed=1"], status=JobStatus.FAILED,
                                         _return_value=ConfigError("no fp16 on CPU")))

@@ -121,8 +121,8 @@ def write_failure(config: DictConfig, num: int, line: str) -> None:
     """Leave a failed job's line in its dir, for the sweep's process to read when the job ran elsewhere (submitit
     runs on_job_end in the job's process, with a copy of the callback)."""
     job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)  # where read_failures looks
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / FAILED_FILE).write_text(json.dumps({"job": num, "line": line}))
+    if job_dir.is_dir():  # a job that never started has none (and its launcher told the sweep's process itself)
+        (job_dir / FAILED_FILE).write_text(json.dumps({"job": num, "line": line}))
 
 
 def read_failures(sweep_dir: Path) -> dict[int, str]:
