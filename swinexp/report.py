@@ -1,6 +1,9 @@
-"""`python -m swinexp.report`: compare the runs of a sweep at epoch N — a table, a CSV/markdown copy and a plot.
+"""`python -m swinexp.report`: compare the runs of a sweep at epoch N — a table, a CSV/markdown copy, a plot and an
+HTML page.
 
-Reads any MLflow tracking store; writes into --out and logs the table and plot to the sweep's parent run.
+Reads any MLflow tracking store; writes into --out and logs the files to the sweep's parent run; prints the link
+that opens the sweep's jobs in MLflow's UI on the metric's chart. A sweep (`-m`) calls `sweep_report` itself when
+it ends.
 """
 from __future__ import annotations
 
@@ -15,7 +18,11 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from swinexp.tracking import STOPPED_TAG, resolve_uri
+from swinexp import report_html
+from swinexp.tracking import FAILED_JOBS_TAG, STOPPED_TAG, resolve_uri, ui
+from swinexp.tracking.ui import UI_PORT
+
+REPORT_FILES = ("report.md", "report.csv", "curves.png", "report.html")
 
 
 @dataclass(frozen=True)
@@ -115,14 +122,19 @@ def fmt(values: Sequence[float]) -> str:
     return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def table_header(metric: str, epoch: int) -> list[str]:
+    return ["run", f"{metric} @ epoch {epoch}", "best", "final", "epoch time (s)", "images/s", "status"]
+
+
+def row_cells(r: Row) -> list[str]:
+    speed = f"{r.images_per_s:.1f}" if r.images_per_s is not None else "—"
+    step = f"{r.step_time_s:.1f}" if r.step_time_s is not None else "—"
+    return [r.name, fmt(r.at_epoch), fmt(r.best), fmt(r.final), step, speed, r.status]
+
+
 def markdown(rows: list[Row], metric: str, epoch: int) -> str:
-    head = f"| run | {metric} @ epoch {epoch} | best | final | epoch time (s) | images/s | status |"
-    lines = [head, "|" + "---|" * 7]
-    for r in rows:
-        speed = f"{r.images_per_s:.1f}" if r.images_per_s is not None else "—"
-        step = f"{r.step_time_s:.1f}" if r.step_time_s is not None else "—"
-        lines.append(f"| {r.name} | {fmt(r.at_epoch)} | {fmt(r.best)} | {fmt(r.final)} | {step} | {speed} | "
-                     f"{r.status} |")
+    lines = ["| " + " | ".join(table_header(metric, epoch)) + " |", "|" + "---|" * 7]
+    lines += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -157,12 +169,99 @@ def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: 
     plt.close(fig)
 
 
-def runs_page_url(tracking_uri: str, experiment_id: str) -> str | None:
-    """The MLflow UI page that lists the experiment's runs (a sweep's children under its parent row), for a tracking
-    server; None for a local store (open it with `mlflow ui`, then Model training -> the experiment)."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return None
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs"
+@dataclass(frozen=True)
+class Report:
+    table: str   # the markdown table
+    text: str    # what the console shows: the table, the screens, failed jobs, where the report and the UI are
+    url: str     # the sweep's jobs in MLflow's UI, chart view on the metric
+
+
+def failed_jobs(parent: Run) -> list[str]:
+    """The failed jobs the sweep recorded on its parent run (a job that failed before it logged a run has no row)."""
+    return [line for line in parent.data.tags.get(FAILED_JOBS_TAG, "").splitlines() if line]
+
+
+def best_trial(tags: dict[str, str], metric: str) -> str:
+    """'best trial: job #3 optimizer.lr=0.001: val/top1 41.5' from a search's `best.*` parent tags, or ''."""
+    if "best.objective" not in tags:
+        return ""
+    values = [f"{k[len('best.'):]}={v}" for k, v in sorted(tags.items())
+              if k.startswith("best.") and k not in ("best.objective", "best.metric", "best.job")]
+    return (f"best trial: job #{tags.get('best.job', '?')} {' '.join(values)}: {tags.get('best.metric') or metric} "
+            f"{tags['best.objective']}\n")
+
+
+def last_common_epoch(client: MlflowClient, runs: list[Run], metric: str) -> int:
+    """The last epoch every run that logged `metric` reached: where a sweep of screens compares its jobs."""
+    ends = [max(curve) for curve in (history(client, r, metric) for r in runs) if curve]
+    return min(ends, default=1)
+
+
+def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric: str = "val/top1",
+                 epoch: int | None = None, out: Path | None = None, ui_port: int = UI_PORT) -> Report:
+    """Compare the jobs of sweep `parent_run_id` at `epoch` and log the report to the parent run.
+
+    Writes report.md, report.csv, curves.png (`metric` against epoch, a line per job, `epoch` marked) and
+    report.html (the table and the `metric` and train/loss curves, self-contained) into `out` and the parent's
+    `report/` artifacts, and stores the sweep's view in the experiment (see `swinexp.tracking.ui`). Runs that
+    differ only in `seed=` share a row, as mean ± std. Warnings about runs without `epoch` go to stderr.
+
+    Args:
+        tracking_uri: An absolute tracking URI (`swinexp.tracking.resolve_uri`).
+        experiment: The experiment's name.
+        parent_run_id: The sweep's parent run.
+        metric: The compared metric, logged with step = epoch.
+        epoch: The compared epoch; None: the last epoch every job reached.
+        out: Where the files go; None: report/<parent run id> in the working directory.
+        ui_port: The port the printed `mlflow ui` command serves a local store on.
+
+    Raises:
+        LookupError: The experiment does not exist, or the sweep has no child runs.
+    """
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise LookupError(f"experiment '{experiment}' not found at {tracking_uri}")
+    parent = client.get_run(parent_run_id)
+    runs = children(client, found.experiment_id, parent_run_id)
+    failed = failed_jobs(parent)
+    if not runs:
+        raise LookupError(f"sweep {parent_run_id} ({parent.info.run_name}) has no child runs"
+                          + "".join(f"\n  failed: {f}" for f in failed))
+    if epoch is None:
+        epoch = last_common_epoch(client, runs, metric)
+    for line in missing_at_epoch(client, runs, metric, epoch):
+        print(f"warning: {line}; its row shows — at epoch {epoch}", file=sys.stderr)
+    rows = build_rows(client, runs, metric, epoch)
+    table = markdown(rows, metric, epoch)
+    failures = "".join(f"\n- {f}" for f in failed)
+    failures = f"\nFailed jobs:{failures}\n" if failed else ""
+    out = out or Path("report") / parent_run_id
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(f"# {parent.info.run_name}\n\n{table}{failures}")
+    write_csv(rows, out / "report.csv")
+    plot(client, runs, metric, epoch, parent.info.run_name, out / "curves.png")
+    jobs = [r.info.run_name for r in runs]
+    charts = {m: {r.info.run_name: history(client, r, m) for r in runs} for m in dict.fromkeys((metric, "train/loss"))}
+    (out / "report.html").write_text(report_html.page(
+        parent.info.run_name, table_header(metric, epoch), [row_cells(r) for r in rows], charts, jobs, epoch, failed))
+    for name in REPORT_FILES:
+        client.log_artifact(parent_run_id, str(out / name), artifact_path="report")
+
+    base, command = ui.ui_base(tracking_uri, ui_port)
+    url = ui.runs_view_url(base, found.experiment_id, ui.share_sweep_view(client, found.experiment_id,
+                                                                           parent_run_id, metric))
+    screens = [r.info.run_name for r in runs if run_status(r).startswith("screen")]
+    finished = [r.info.run_name for r in runs if run_status(r) == "FINISHED"]
+    text = (f"{parent.info.run_name}  ({len(runs)} runs, parent {parent_run_id})\n\n{table}{failures}\n"
+            f"{best_trial(parent.data.tags, metric)}"
+            f"screens (stopped early; continue with trainer.stop_after_epoch=null): {', '.join(screens) or 'none'}\n"
+            f"finished (all trainer.epochs): {', '.join(finished) or 'none'}\n"
+            f"written to {out}/ (open report.html) and to the parent run's artifacts, report/: "
+            f"{ui.run_url(base, found.experiment_id, parent_run_id)}\n"
+            f"compare in MLflow: {url}\n"
+            + (f"  first serve the store: {command}\n" if command else ""))
+    return Report(table, text, url)
 
 
 def main(argv: Sequence[str] | None = None) -> str:
@@ -173,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--metric", default="val/top1")
     parser.add_argument("--epoch", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="default: report/<parent run id>")
+    parser.add_argument("--ui-port", type=int, default=UI_PORT, help="the port of the printed `mlflow ui` command")
     args = parser.parse_args(argv)
 
     uri = resolve_uri(args.tracking_uri, Path.cwd())
@@ -186,29 +286,13 @@ def main(argv: Sequence[str] | None = None) -> str:
         raise SystemExit(f"experiment '{args.experiment}' not found at {client.tracking_uri}; pass --experiment, or "
                          "--tracking-uri for another store")
     parent = find_parent(client, experiment.experiment_id, args.sweep)
-    runs = children(client, experiment.experiment_id, parent.info.run_id)
-    if not runs:
-        raise SystemExit(f"sweep {parent.info.run_id} ({parent.info.run_name}) has no child runs")
-    for line in missing_at_epoch(client, runs, args.metric, args.epoch):
-        print(f"warning: {line}; its row shows — at epoch {args.epoch}", file=sys.stderr)
-    rows = build_rows(client, runs, args.metric, args.epoch)
-    table = markdown(rows, args.metric, args.epoch)
-    out = args.out or Path("report") / parent.info.run_id
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(f"# {parent.info.run_name}\n\n{table}")
-    write_csv(rows, out / "report.csv")
-    plot(client, runs, args.metric, args.epoch, parent.info.run_name, out / "curves.png")
-    for name in ("report.md", "report.csv", "curves.png"):
-        client.log_artifact(parent.info.run_id, str(out / name), artifact_path="report")
-    screens = [r.info.run_name for r in runs if run_status(r).startswith("screen")]
-    finished = [r.info.run_name for r in runs if run_status(r) == "FINISHED"]
-    kinds = (f"screens (stopped early; continue with trainer.stop_after_epoch=null): {', '.join(screens) or 'none'}\n"
-             f"finished (all trainer.epochs): {', '.join(finished) or 'none'}\n")
-    print(f"{parent.info.run_name}  ({len(runs)} runs, parent {parent.info.run_id})\n\n{table}\n{kinds}"
-          f"written to {out}/")
-    if url := runs_page_url(client.tracking_uri, experiment.experiment_id):
-        print(f"runs page: {url}  (expand the row '{parent.info.run_name}' to see its runs)")
-    return table
+    try:
+        report = sweep_report(uri, args.experiment, parent.info.run_id, args.metric, args.epoch, args.out,
+                              args.ui_port)
+    except LookupError as err:
+        raise SystemExit(str(err)) from err
+    print(report.text, end="")
+    return report.table
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ The slow tests run the real CLI (`python run.py -m ...`) with the real Hydra plu
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -154,6 +155,30 @@ def test_submitit_local_sweep_lands_as_one_parent_and_two_children(tmp_path: Pat
         assert child.info.status == "FINISHED" and child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert len({c.data.tags["pid"] for c in children}) == 2  # submitit ran each job in a process of its own
     assert list((tmp_path / "multirun" / ".submitit").iterdir())
+
+
+@pytest.mark.slow
+def test_a_failed_submitit_job_marks_the_parent_is_reported_and_fails_the_command(tmp_path: Path) -> None:
+    # submitit runs each job, and Hydra's on_job_end for it, in a process of its own: the sweep's process learns of
+    # the failure from the job's dir (job_failed.json), before the report is made and the parent closed
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    smoke = [o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=1"]
+    # the job processes import swinexp by name: this checkout's, not another the environment may have installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = _run("-m", "hydra/launcher=submitit_local", "trainer.epochs=0,1", *smoke, "tracking=mlflow",
+               f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path, env=env)
+    assert out.returncode != 0  # after the other job finished:
+    parent, children = _runs(uri)
+    assert [(c.info.run_name, c.info.status) for c in children] == [("trainer.epochs=0", "FAILED"),
+                                                                     ("trainer.epochs=1", "FINISHED")]
+    assert parent.info.status == "FAILED"
+    (failed,) = parent.data.tags["sweep.failed_jobs"].splitlines()
+    assert failed.startswith("#0 trainer.epochs=0: ConfigError:") and "trainer.epochs=0 must be >= 1" in failed
+    assert "1 sweep job(s) failed" in out.stderr and failed in out.stderr
+    # the report, printed and logged to the parent, lists it under its table
+    assert f"Failed jobs:\n- {failed}" in out.stdout, out.stdout[-3000:]
+    report = MlflowClient(uri).download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path / "back"))
+    assert "| trainer.epochs=1 |" in Path(report).read_text() and failed in Path(report).read_text()
 
 
 @pytest.mark.slow

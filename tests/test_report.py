@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from swinexp.report import main
+from swinexp.report import best_trial, main, sweep_report
 
 
 def _child(client: MlflowClient, exp: str, parent: str, job: int, name: str, top1: list[float]) -> None:
@@ -38,7 +40,7 @@ def test_report_reads_epoch_values_groups_seeds_and_plots(tmp_path: Path) -> Non
     with Image.open(tmp_path / "out" / "curves.png") as img:
         assert img.format == "PNG" and img.size[0] > 300
     assert {a.path for a in client.list_artifacts(parent, "report")} == {
-        "report/report.md", "report/report.csv", "report/curves.png"}
+        "report/report.md", "report/report.csv", "report/curves.png", "report/report.html"}
 
 
 def test_report_latest_picks_the_newest_sweep(tmp_path: Path) -> None:
@@ -75,3 +77,46 @@ def test_report_without_a_store_names_tracking_uri_and_creates_nothing(tmp_path:
     with pytest.raises(SystemExit, match="--tracking-uri"):
         main(["--out", str(tmp_path / "out")])  # the cwd (tmp_path, see conftest) holds no mlflow.db
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_sweep_report_lists_failed_jobs_writes_a_self_contained_page_and_shares_the_sweeps_view(
+        tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    parent = client.create_run(exp, run_name="sweep amp=o0,o2,o3", tags={
+        "sweep.role": "parent", "sweep.failed_jobs": "#2 amp=o3: ConfigError: no fp16 on CPU"}).info.run_id
+    _child(client, exp, parent, 0, "amp=o0", [10.0, 20.0, 30.0])
+    _child(client, exp, parent, 1, "amp=o2", [11.0, 21.0])  # a shorter screen: epoch None takes the common last
+
+    report = sweep_report(uri, "e", parent, out=tmp_path / "out", ui_port=5001)
+    assert "| amp=o0 | 20.00 |" in report.table and "| amp=o2 | 21.00 |" in report.table  # epoch 2
+    assert "Failed jobs:\n- #2 amp=o3: ConfigError: no fp16 on CPU" in report.text
+    assert f"written to {tmp_path / 'out'}/ (open report.html) and to the parent run's artifacts, report/: " \
+           f"http://127.0.0.1:5001/#/experiments/{exp}/runs/{parent}" in report.text
+    serve = f"mlflow ui --backend-store-uri {uri} --port 5001"
+    assert f"compare in MLflow: {report.url}\n  first serve the store: {serve}" in report.text
+    assert report.url == (f"http://127.0.0.1:5001/#/experiments/{exp}/runs?viewStateShareKey={parent}"
+                          "&compareRunsMode=CHART&workflowType=machine_learning")
+    # the shared view the link opens: the sweep's jobs grouped by sweep, the chart view filtered on the metric
+    state = json.loads(client.get_experiment(exp).tags[f"mlflow.sharedViewState.{parent}"])
+    assert state["searchFilter"] == f"tags.`sweep.id` = '{parent}'" and state["chartsSearchFilter"] == "val/top1"
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "sweep.id"}]
+    assert not state["useGroupedValuesInCharts"]  # a line per job, not the group's mean
+
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<td>amp=o2</td><td>21.00</td>" in page and "#2 amp=o3: ConfigError: no fp16 on CPU" in page
+    assert page.count("<svg") == 1  # val/top1; train/loss was not logged here: a note instead of its chart
+    assert "<h2>val/top1</h2><svg" in page and "No train/loss was logged" in page
+    assert page.count('<g data-job="amp=o0">') == 1 and page.count("<circle") == 5  # a point per logged epoch
+    assert "<title>amp=o2: epoch 2, val/top1 21</title>" in page  # hover text
+    assert not re.search(r"(src|href)=\"https?:", page)  # self-contained: opens offline
+    downloaded = client.download_artifacts(parent, "report/report.html", str(tmp_path / "back"))
+    assert Path(downloaded).read_text() == page
+
+
+def test_best_trial_names_a_searchs_best_job_its_values_and_objective() -> None:
+    tags = {"best.job": "3", "best.optimizer.lr": "0.001", "best.objective": "41.5", "best.metric": "val/top1",
+            "sweep.role": "parent"}
+    assert best_trial(tags, "val/top5") == "best trial: job #3 optimizer.lr=0.001: val/top1 41.5\n"
+    assert best_trial({"sweep.role": "parent"}, "val/top1") == ""  # a grid has no best trial

@@ -148,6 +148,8 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(launcher: str, tmp_path: 
     (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
     assert "#0 trainer.epochs=0" in parent.data.tags["sweep.failed_jobs"]
     assert "1 sweep job(s) failed" in out.stderr
+    # the sweep still ends with its report, which lists the failed job under the table
+    assert "| trainer.epochs=2 | " in out.stdout and "Failed jobs:\n- #0 trainer.epochs=0" in out.stdout, out.stdout
 
 
 def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path) -> None:
@@ -180,7 +182,8 @@ def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_pa
     out = _run("+sweep=amp_ablation", "amp=o0", *_smoke(tmp_path / "data"), "trainer.stop_after_epoch=1",
                "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0"]  # the job did not sweep again
+    # the job did not sweep again: one job dir, beside the sweep's report
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "report"]
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("swinexp").experiment_id
     (child,) = client.search_runs([experiment], "tags.`sweep.job` = '0'")

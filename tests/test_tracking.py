@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -17,10 +18,11 @@ from hydra import compose as compose_cfg
 from hydra import initialize_config_dir
 from hydra.core.utils import JobReturn, JobStatus
 from mlflow.tracking import MlflowClient
+from omegaconf import open_dict
 
 from swinexp.registry import ConfigError
 from swinexp.tracking import MlflowTracker, NullTracker, flatten, resolve_uri
-from swinexp.tracking.sweep import SweepCallback
+from swinexp.tracking.sweep import SweepCallback, screening_epoch
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 
@@ -71,7 +73,32 @@ def test_sweep_callback_leaves_a_failed_single_run_alone() -> None:
     callback = SweepCallback()
     callback.on_job_end(config, JobReturn(overrides=["trainer.epochs=0"], status=JobStatus.FAILED,
                                           _return_value=RuntimeError("boom")))
-    assert callback.failed == [] and callback.tracker is None
+    assert not callback.failed and callback.tracker is None
+
+
+def test_a_job_failure_seen_in_the_jobs_process_reaches_the_sweeps(tmp_path: Path) -> None:
+    """submitit runs on_job_end in the job's process, on a pickled copy of the callback: its line must reach the
+    sweep's process, which alone writes the parent run."""
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        config = compose_cfg("config", overrides=[*SMOKE, f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
+    with open_dict(config):
+        config.hydra.job.num = 4
+    (tmp_path / "4").mkdir()  # the job's dir, made by Hydra when the job started
+    in_job = pickle.loads(pickle.dumps(SweepCallback(keys=("amp",))))
+    in_job.on_job_end(config, JobReturn(overrides=["amp=o3", "seed=1"], status=JobStatus.FAILED,
+                                        _return_value=ConfigError("no fp16 on CPU")))
+    in_sweep = SweepCallback(sweep_dir=tmp_path)
+    in_sweep._collect_failures()
+    assert in_sweep.failed == {4: "#4 amp=o3: ConfigError: no fp16 on CPU"}  # named by what the sweep varies
+
+
+def test_a_sweep_is_compared_at_its_screening_epoch() -> None:
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        screen = compose_cfg("config", overrides=["+sweep=amp_ablation", "trainer.epochs=300"])
+        plain = compose_cfg("config", overrides=["trainer.epochs=7"])
+    assert screening_epoch(screen, ["amp"]) == 10  # trainer.stop_after_epoch of the named sweep
+    assert screening_epoch(plain, ["amp"]) == 7
+    assert screening_epoch(plain, ["trainer.epochs"]) is None  # jobs end at different epochs: the report picks
 
 
 def test_null_tracker_reopens_nothing() -> None:

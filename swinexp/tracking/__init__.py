@@ -39,6 +39,7 @@ CONTINUES_RUN = "swinexp.continues_run"  # a fallback run holding the rest of th
 SYNCED_TO = "swinexp.synced_to"          # set on a fallback run once replayed: the id of its copy in the target
 SYNCED_FROM = "swinexp.synced_from"      # set on the copy: the id of the fallback run it was replayed from
 FAILURE_TAG = "swinexp.failure"          # why a run ended FAILED: "<exception type>: <message>"
+FAILED_JOBS_TAG = "sweep.failed_jobs"    # on a sweep's parent run: one line per failed job, its number and reason
 STOPPED_TAG = "stopped_after_epoch"      # on a run trainer.stop_after_epoch=N ended early (a screen), value N;
                                          # removed when a continuation reaches trainer.epochs
 
@@ -142,14 +143,20 @@ def is_reachable(uri: str) -> bool:
 
 
 def open_experiment(client: Any, name: str, uri: str) -> str:
-    """The id of experiment `name` in the store of `client`, created (artifacts beside a local store) if missing."""
+    """The id of experiment `name` in the store of `client`, created (artifacts beside a local store) if missing, and
+    tagged as model training: MLflow 3's UI then opens it on its runs, not on GenAI traces."""
     from mlflow.exceptions import MlflowException
+
+    from swinexp.tracking.ui import EXPERIMENT_KIND_TAG, TRAINING_KIND
 
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if EXPERIMENT_KIND_TAG not in found.tags:  # made before swinexp tagged its experiments, or by hand
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=local_artifact_root(uri))
+        return client.create_experiment(name, artifact_location=local_artifact_root(uri),
+                                        tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
     except MlflowException:  # created meanwhile by another job
         return client.get_experiment_by_name(name).experiment_id
 

@@ -9,6 +9,7 @@ every job in a process of its own).
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from swinexp.tracking import Tracker
+from swinexp.tracking import FAILED_JOBS_TAG, MlflowTracker
 from swinexp.tracking.study import continued_parent_run
 
 log = logging.getLogger("swinexp")
@@ -32,6 +33,7 @@ PARENT_RUN_ENV = "SWINEXP_SWEEP_PARENT_RUN_ID"
 SWEEP_KEYS_ENV = "SWINEXP_SWEEP_KEYS"
 JOB_NUM_ENV = "SWINEXP_SWEEP_JOB_NUM"  # set by the isolated launcher for the job process it starts
 RESULT_FILE = "metrics.json"  # a job's final metrics in its run dir; the launcher reads the optimized metric there
+FAILED_FILE = "job_failed.json"  # a failed job's number and reason in its dir (see write_failure)
 
 
 @dataclass(frozen=True)
@@ -105,19 +107,55 @@ def optimization_result(sweep_dir: Path) -> dict[str, Any] | None:
     return result if isinstance(result, dict) and "best_params" in result else None
 
 
+def screening_epoch(config: DictConfig, keys: Iterable[str]) -> int | None:
+    """The epoch a sweep's jobs are compared at: `trainer.stop_after_epoch` (a screen), else `trainer.epochs`;
+    None when the sweep varies either (the report then takes the last epoch every job reached)."""
+    if {"trainer.epochs", "trainer.stop_after_epoch"} & set(keys):
+        return None
+    try:
+        stop = OmegaConf.select(config, "trainer.stop_after_epoch")
+        return int(stop if stop is not None else OmegaConf.select(config, "trainer.epochs"))
+    except Exception:  # noqa: BLE001 - an unresolvable or missing key: let the report pick the epoch
+        return None
+
+
+def write_failure(config: DictConfig, num: int, line: str) -> None:
+    """Leave a failed job's line in its dir, for the sweep's process to read when the job ran elsewhere (submitit
+    runs on_job_end in the job's process, with a copy of the callback)."""
+    job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)  # where read_failures looks
+    if job_dir.is_dir():  # a job that never started has none (and its launcher told the sweep's process itself)
+        (job_dir / FAILED_FILE).write_text(json.dumps({"job": num, "line": line}))
+
+
+def read_failures(sweep_dir: Path) -> dict[int, str]:
+    """The failed jobs' lines left by `write_failure` in the sweep's job dirs."""
+    found = {}
+    for path in sweep_dir.rglob(FAILED_FILE):  # hydra.sweep.subdir may be nested
+        record = json.loads(path.read_text())
+        found[int(record["job"])] = str(record["line"])
+    return found
+
+
 @dataclass
 class SweepCallback(Callback):
-    """Creates the parent run before the first job, keeps its status current, and lists failed jobs.
+    """Creates the parent run before the first job, keeps its status current, lists failed jobs, and ends the
+    sweep with its report (`swinexp.report.sweep_report`): table, curves and the link to compare the jobs in
+    MLflow's UI, printed and logged to the parent run.
 
     After a search (hydra/sweeper=swinexp_optuna) the parent run gets the best trial: `best.<key>` params and tags, the
     objective as `best.objective` (and the metric's name as `best.metric`), and the job as `best.job`.
     """
 
-    failed: list[str] = field(default_factory=list)
-    tracker: Tracker | None = None
+    failed: dict[int, str] = field(default_factory=dict)  # job number -> "#num overrides: reason"
+    stopped: str | None = None                            # why the sweep ended before its end, if it did
+    tracker: MlflowTracker | None = None
     running: set[int] = field(default_factory=set)        # job numbers started and not ended
     returned: dict[int, Any] = field(default_factory=dict)  # job number -> the value it returned to the sweeper
     continued: bool = False  # the parent run of an earlier command, continued (a search's study)
+    sweep_dir: Path | None = None
+    keys: tuple[str, ...] = ()                            # the override keys the sweep varies
+    metric: str = "val/top1"
+    epoch: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy shipped into a job's process (hydra/launcher=submitit_local, slurm_*) leaves the parent run to the
@@ -131,12 +169,17 @@ class SweepCallback(Callback):
             return
         sweeps = sweep_overrides(config)
         keys = tuple(dict.fromkeys(override_key(o) for o in sweeps))
+        self.sweep_dir, self.keys = Path(str(config.hydra.sweep.dir)).resolve(), keys
+        self.metric = str(config.get("optimized_metric") or "val/top1")
+        self.epoch = screening_epoch(config, keys)
+        # The sweep's process only waits for its jobs: its own CPU and memory samples would add nine system
+        # charts, with a legend entry for the parent, to the jobs' charts.
+        parent_cfg = OmegaConf.merge(config, {"tracking": {"system_metrics": False}})
         # Creating the experiment here, once, avoids jobs racing to create it.
-        self.tracker = build_tracker(config)
+        self.tracker = build_tracker(parent_cfg)
         continued = continued_parent_run(config)  # a search continuing its study logs into the study's parent
         parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
-            "sweep.role": "parent", "sweep.keys": ",".join(keys),
-            "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
+            "sweep.role": "parent", "sweep.keys": ",".join(keys), "sweep.dir": str(self.sweep_dir),
             "overrides": " ".join(config.hydra.overrides.task)}, run_id=continued)
         self.continued = continued is not None
         if not self.continued:
@@ -154,14 +197,15 @@ class SweepCallback(Callback):
         if self.tracker is None:
             return
         if self.running:
-            self.failed += [f"#{num}: stopped while running (the sweep was interrupted)"
-                            for num in sorted(self.running)]
-            self.tracker.set_tags({"sweep.failed_jobs": "\n".join(self.failed)[:5000]})
+            for num in sorted(self.running):
+                self.failed[num] = f"#{num}: stopped while running (the sweep was interrupted)"
+            self.tracker.set_tags({FAILED_JOBS_TAG: self._failed_lines()})
             self.tracker.close("KILLED")
             self.tracker = None
         else:
+            self._collect_failures()
             if not self.failed:
-                self.failed.append("the sweep stopped between jobs, before its end")
+                self.stopped = "the sweep stopped between jobs, before its end"
             self._finish()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -176,17 +220,21 @@ class SweepCallback(Callback):
         self.running.discard(num)
         if job_return.status is JobStatus.FAILED:
             error = job_return._return_value  # the exception; reading .return_value would re-raise it
-            self.failed.append(f"#{num} {' '.join(job_return.overrides or [])}: {type(error).__name__}: {error}")
-            log.error("sweep job #%s failed; the sweep goes on. %s", num, self.failed[-1])
+            given = list(job_return.overrides or [])
+            varied = [o for o in given if override_key(o) in self.keys] or given  # the job's name, not every override
+            self.failed[num] = f"#{num} {' '.join(varied)}: {type(error).__name__}: {error}"
+            log.error("sweep job #%s failed; the sweep goes on. %s", num, self.failed[num])
+            write_failure(config, num, self.failed[num])
         else:
             self.returned[num] = job_return._return_value
         if self.tracker is not None:
             self.tracker.set_status("FAILED" if self.failed else "RUNNING" if self.running else "FINISHED")
             if self.failed:
-                self.tracker.set_tags({"sweep.failed_jobs": "\n".join(self.failed)[:5000]})
+                self.tracker.set_tags({FAILED_JOBS_TAG: self._failed_lines()})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        # Hydra calls this only when every job succeeded; a failed job makes Hydra raise after the last job.
+        # Hydra calls this when every job succeeded; a failed job makes Hydra raise after the last job, and then
+        # _abandon ends the sweep at exit.
         result = optimization_result(Path(str(config.hydra.sweep.dir)))
         if result is not None and self.tracker is not None:
             self._log_best(result, config.get("optimized_metric"))
@@ -194,7 +242,17 @@ class SweepCallback(Callback):
         if study_files.is_dir() and self.tracker is not None:
             for path in sorted(study_files.iterdir()):
                 self.tracker.log_artifact(path, "optuna")
+        self._collect_failures()
         self._finish()
+
+    def _collect_failures(self) -> None:
+        """Add the failed jobs this process did not see end (submitit ran them, and their on_job_end, elsewhere)."""
+        if self.sweep_dir is not None:
+            self.failed = {**read_failures(self.sweep_dir), **self.failed}
+
+    def _failed_lines(self) -> str:
+        lines = [self.failed[num] for num in sorted(self.failed)] + ([self.stopped] if self.stopped else [])
+        return "\n".join(lines)[:5000]
 
     def _log_best(self, result: dict[str, Any], metric: str | None) -> None:
         assert self.tracker is not None
@@ -209,10 +267,31 @@ class SweepCallback(Callback):
         log.info("best trial: %s", " ".join(f"{k}={v}" for k, v in tags.items()))
 
     def _finish(self) -> None:
-        if self.failed:  # the sweep's last words, on stderr whatever Hydra did with the logging setup
-            print(f"{len(self.failed)} sweep job(s) failed:\n  " + "\n  ".join(self.failed), file=sys.stderr)
+        failed = self.failed or self.stopped
+        if failed:  # the sweep's last words, on stderr whatever Hydra did with the logging setup
+            lines = self._failed_lines().splitlines()
+            print(f"{len(lines)} sweep job(s) failed:\n  " + "\n  ".join(lines), file=sys.stderr)
         if self.tracker is not None:
-            self.tracker.close("FAILED" if self.failed else "FINISHED")
+            if failed:
+                self.tracker.set_tags({FAILED_JOBS_TAG: self._failed_lines()})
+            self._report(self.tracker)
+            self.tracker.close("FAILED" if failed else "FINISHED")
             self.tracker = None
         os.environ.pop(PARENT_RUN_ENV, None)
         os.environ.pop(SWEEP_KEYS_ENV, None)
+
+    def _report(self, tracker: MlflowTracker) -> None:
+        """Print the sweep's report and log it to the parent; a report that cannot be made never fails the sweep."""
+        from swinexp.report import sweep_report
+
+        assert tracker.run_id is not None
+        try:
+            report = sweep_report(tracker.uri, tracker.experiment, tracker.run_id, self.metric, self.epoch,
+                                  out=self.sweep_dir / "report" if self.sweep_dir else None)
+        except Exception as err:  # noqa: BLE001 - the jobs' runs are in the store whatever happens here
+            epoch = f" --epoch {self.epoch}" if self.epoch is not None else ""
+            print(f"the sweep's report was not made ({type(err).__name__}: {err}); make it with: python -m "
+                  f"swinexp.report --tracking-uri {tracker.uri} --experiment {tracker.experiment} --sweep "
+                  f"{tracker.run_id} --metric {self.metric}{epoch}", file=sys.stderr)
+            return
+        print(f"\n{report.text}", end="", flush=True)
