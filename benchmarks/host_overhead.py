@@ -1,6 +1,6 @@
 """What the training loop costs the host per step, behind a stand-in device step of fixed duration.
 
-    python -m benchmarks.host_overhead --step-ms 450 --steps 60 [--read-every 1 50] [overrides ...]
+    python -m benchmarks.host_overhead --step-ms 450 --steps 60 [--read-every 1 50] [--no-loader] [-- overrides]
 
 The device is a stub: each train-step call queues `--step-ms` of work on a thread that works through the queue in
 order, as an accelerator works through the host's launches, and returns at once; reading a step's outputs blocks
@@ -100,6 +100,7 @@ class StubStep:
 
 @dataclass(frozen=True)
 class Result:
+    loader: bool
     read_every: int
     steps: int
     wall_ms: float
@@ -131,7 +132,7 @@ def counting_syncs(counter: list[int], timed: dict[str, float]) -> Iterator[None
             setattr(Tensor, name, original)
 
 
-def measure(overrides: list[str], step_ms: float, steps: int, read_every: int) -> Result:
+def measure(overrides: list[str], step_ms: float, steps: int, read_every: int, loader: bool = True) -> Result:
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose("config", overrides=[*DEFAULTS, f"trainer.limit_train_batches={steps}",
                                            f"trainer.log_every_n_steps={read_every}", *overrides])
@@ -153,6 +154,9 @@ def measure(overrides: list[str], step_ms: float, steps: int, read_every: int) -
     def timed_epoch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         batches = real_epoch(*args, **kwargs)
         first = next(batches)  # the workers' start-up: before the timed steps
+        if not loader:  # the loop alone: the first batch again and again, no loader running beside it
+            batches.close()
+            batches = iter([first] * (steps - 1))
         timed["start"] = time.perf_counter()
         yield first
         while True:
@@ -184,15 +188,18 @@ def measure(overrides: list[str], step_ms: float, steps: int, read_every: int) -
         loop.make_train_step, loop.read_all, loop._epoch_metrics = real_make, real_read_all, real_epoch_metrics
         device.close()
     wall = timed["end"] - timed["start"]
-    return Result(read_every, steps, 1000 * wall / steps, 1000 * (wall - device.waited_s - loader_wait[0]) / steps,
-                  1000 * loader_wait[0] / steps, syncs[0] / steps)
+    host = wall - device.waited_s - loader_wait[0]
+    return Result(loader, read_every, steps, 1000 * wall / steps, 1000 * host / steps, 1000 * loader_wait[0] / steps,
+                  syncs[0] / steps)
 
 
 def table(results: list[Result], step_ms: float) -> str:
     lines = [f"stub device step {step_ms:.0f} ms; loop host ms = main-thread time not waiting on the device or loader",
-             "| reads every N steps | steps | loop host ms / step | of the step time | device syncs / step | "
-             "loader wait ms / step | wall ms / step |", "|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.read_every} | {r.steps} | {r.host_ms:.2f} | {100 * r.host_ms / step_ms:.2f} % | "
+             "| batches from | reads every N steps | steps | loop host ms / step | of the step time | "
+             "device syncs / step | loader wait ms / step | wall ms / step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {'the loader' if r.loader else 'memory'} | {r.read_every} | {r.steps} | {r.host_ms:.2f} | "
+              f"{100 * r.host_ms / step_ms:.2f} % | "
               f"{r.syncs_per_step:.3f} | {r.loader_ms:.1f} | {r.wall_ms:.1f} |" for r in results]
     return "\n".join(lines)
 
@@ -203,10 +210,14 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--read-every", type=int, nargs="+", default=[1, 50],
                         help="trainer.log_every_n_steps values to compare")
+    parser.add_argument("--no-loader", action="store_true",
+                        help="also time the loop alone: one batch reused, no loader workers beside the loop")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.batch_size=32")
     args = parser.parse_args(argv)
     hardware.apply(hardware.HardwareCfg(), seed=0)
-    results = [measure(args.overrides, args.step_ms, args.steps, n) for n in args.read_every]
+    sources = [True, False] if args.no_loader else [True]
+    results = [measure(args.overrides, args.step_ms, args.steps, n, loader) for loader in sources
+               for n in args.read_every]
     text = table(results, args.step_ms)
     print(text)
     return text
