@@ -96,11 +96,14 @@ class _PoisonedLoader:
 
 def test_non_finite_losses_stop_the_run_with_the_last_good_state(compose: Callable[..., DictConfig],
                                                                  tmp_path: Path) -> None:
-    cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3")
+    # trainer.log_every_n_steps=1: the host reads every step's loss, and stops right at the third non-finite one
+    cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3",
+                  "trainer.log_every_n_steps=1")
     hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
     exp = build_experiment(cfg)
     exp = dataclasses.replace(exp, train_loader=_PoisonedLoader(exp.train_loader, after=2))
-    with pytest.raises(NonFiniteLoss, match=r"not finite for 3 micro-batches in a row .* batch 5, optimizer step 5"):
+    with pytest.raises(NonFiniteLoss, match=r"not finite for 3 micro-batches in a row .* batch 5, optimizer step 5 "
+                                            r"\(amp O0\)"):
         fit(exp, tmp_path, jit=True)
     values = checkpoint.read(tmp_path / "checkpoints" / "last.ckpt")
     progress = Progress.from_json(checkpoint.read_meta(values)["progress"])
@@ -109,3 +112,23 @@ def test_non_finite_losses_stop_the_run_with_the_last_good_state(compose: Callab
     assert int(values["global_step"].asnumpy()[0]) == 5 and int(values["adam_update_steps"].asnumpy()[0]) == 2
     tensors = [v.asnumpy() for k, v in values.items() if not k.startswith("meta.")]
     assert all(np.isfinite(t).all() for t in tensors)  # the skipped updates left the weights as they were
+
+
+def test_non_finite_losses_between_read_points_stop_the_run_at_the_next_read(compose: Callable[..., DictConfig],
+                                                                          tmp_path: Path) -> None:
+    # the default cadence reads the step outputs every 4 optimizer steps here: the run of non-finite losses that
+    # reaches 3 at batch 5 is seen at the read after batch 8; the skipped steps changed no weight meanwhile
+    cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3",
+                  "trainer.log_every_n_steps=4")
+    hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
+    exp = build_experiment(cfg)
+    exp = dataclasses.replace(exp, train_loader=_PoisonedLoader(exp.train_loader, after=2))
+    with pytest.raises(NonFiniteLoss, match=r"by epoch 1, batch 5, optimizer step 5; the host saw it at its next "
+                                            r"read of the step outputs, batch 8, optimizer step 8 "
+                                            r"\(trainer.log_every_n_steps=4\)"):
+        fit(exp, tmp_path, jit=True)
+    values = checkpoint.read(tmp_path / "checkpoints" / "last.ckpt")
+    progress = Progress.from_json(checkpoint.read_meta(values)["progress"])
+    assert progress.batches_done == 8 and len(progress.losses) == 8
+    assert int(values["adam_update_steps"].asnumpy()[0]) == 2  # only the two finite steps updated
+    assert all(np.isfinite(v.asnumpy()).all() for k, v in values.items() if not k.startswith("meta."))

@@ -171,10 +171,10 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
         if (stop.signum is not None or mid_epoch_due or progress.batches_done == micro_batches
                 or train_step.optimizer_step % trainer.log_every_n_steps == 0):
             readback.read(lr)
-        if readback.nonfinite_run >= trainer.max_nonfinite:
+        if readback.tripped is not None:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)  # the updates of non-finite steps were skipped: these are the last good weights
-            raise _nonfinite_error(exp, progress, readback.nonfinite_run, run_dir)
+            raise _nonfinite_error(exp, progress, readback.tripped, train_step.optimizer_step, run_dir)
         if stop.signum is not None or mid_epoch_due:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)
@@ -190,21 +190,24 @@ class _Readback:
 
     def __init__(self, exp: Experiment, progress: Progress, bar: tqdm, start: float) -> None:
         self.exp, self.progress, self.bar, self.start = exp, progress, bar, start
-        self.pending: list[tuple[StepOutput, int]] = []
+        self.pending: list[tuple[StepOutput, int, int]] = []
         self.nonfinite_run = 0  # non-finite micro-batch losses in a row, up to the last read
+        self.tripped: tuple[int, int] | None = None  # (batch, optimizer step) where that run reached max_nonfinite
 
     def add(self, out: StepOutput, step: int) -> None:
-        self.pending.append((out, step))
+        self.pending.append((out, step, self.progress.batches_done))
 
     def read(self, lr: float) -> None:
         """Copy the pending outputs to the host (one sync) and account for them: epoch sums, step metrics, bar."""
         if not self.pending:
             return
-        read_all([out for out, _ in self.pending])
+        read_all([out for out, _, _ in self.pending])
         progress, accumulation = self.progress, self.exp.trainer.accumulation_steps
-        for out, step in self.pending:
+        for out, step, batch in self.pending:
             progress.losses.append(out.loss)
             self.nonfinite_run = 0 if math.isfinite(out.loss) else self.nonfinite_run + 1
+            if self.nonfinite_run >= self.exp.trainer.max_nonfinite and self.tripped is None:
+                self.tripped = (batch, step)
             if not out.updated:
                 continue
             progress.overflow_steps += out.overflow
@@ -214,19 +217,22 @@ class _Readback:
             self.exp.tracker.log_step_metrics({
                 "step/train/loss": float(np.mean(progress.losses[-accumulation:])),
                 "step/train/loss_scale": out.loss_scale, "step/train/overflow": float(out.overflow)}, step=step)
-            if self.nonfinite_run >= self.exp.trainer.max_nonfinite:
-                break  # the caller stops the run here
         self.pending = []
         self.bar.set_postfix(loss=f"{progress.losses[-1]:.4f}", lr=f"{lr:.2e}",
                              img_s=f"{progress.seen / (time.perf_counter() - self.start):.1f}")
 
 
-def _nonfinite_error(exp: Experiment, progress: Progress, nonfinite_run: int, run_dir: Path) -> NonFiniteLoss:
+def _nonfinite_error(exp: Experiment, progress: Progress, tripped: tuple[int, int], optimizer_step: int,
+                     run_dir: Path) -> NonFiniteLoss:
+    batch, step = tripped
+    read_later = (f"; the host saw it at its next read of the step outputs, batch {progress.batches_done}, optimizer "
+                  f"step {optimizer_step} (trainer.log_every_n_steps={exp.trainer.log_every_n_steps})"
+                  if progress.batches_done != batch else "")
     return NonFiniteLoss(
-        f"the train loss was not finite for {nonfinite_run} micro-batches in a row (trainer.max_nonfinite="
-        f"{exp.trainer.max_nonfinite}), up to epoch {progress.epoch + 1}, batch {progress.batches_done}, optimizer "
-        f"step {_optimizer_step(exp.optimizer)} (amp {exp.amp.level}). The forward pass itself is not finite, which "
-        f"loss scaling cannot fix; the last good state is checkpointed in {run_dir / 'checkpoints'}. Try "
+        f"the train loss was not finite for {exp.trainer.max_nonfinite} micro-batches in a row (trainer.max_nonfinite="
+        f"{exp.trainer.max_nonfinite}) by epoch {progress.epoch + 1}, batch {batch}, optimizer step {step}"
+        f"{read_later} (amp {exp.amp.level}). The forward pass itself is not finite, which loss scaling cannot fix; "
+        f"non-finite steps update nothing, and the state is checkpointed in {run_dir / 'checkpoints'}. Try "
         "amp=o1_manual or o0, a lower optimizer.lr, or trainer.clip_grad")
 
 
