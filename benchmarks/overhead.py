@@ -39,7 +39,7 @@ PHASES = (("python interpreter start", "spawned", "started"),
           ("build: context, dataset, model, optimizer", "composed", "built"),
           ("first train step: compile + run", "built", "first_step"),
           ("process start to first step done", "spawned", "first_step"))
-# the keys swinexp.train.fit logs after every epoch (without EMA)
+# the keys swinexp.engine.loop.fit logs after every epoch (without EMA)
 EPOCH_METRICS = ("train/loss", "train/grad_norm", "train/overflow_steps", "train/loss_scale", "train/optimizer_steps",
                  "train/total_batch", "lr", "epoch_time_s", "train/images_per_s", "val/loss", "val/top1", "val/top5",
                  "data/train_skipped_files", "data/val_skipped_files")

@@ -209,7 +209,7 @@ def step_table(measured: list[Measured], opts: Options, failed: dict[str, str] |
     loads = ", ".join(f"{m.load:.1f}" for m in reference.values())
     notes = (
         (f"A step is one `make_train_step` call: forward, soft-target cross entropy, backward, loss-scaled "
-         f"{cfg.optimizer.name} update, as `swinexp.train.fit` runs it. Baseline: the official formulation "
+         f"{cfg.optimizer.name} update, as `swinexp.engine.loop.fit` runs it. Baseline: the official formulation "
          f"({OFFICIAL}), amp o0 (fp32); the other rows add their overrides to it."),
         "ratio: median (min) step time / the same of the first row"
         + (" of the same process (`#n`)" if grouped else "") + "; < 1 is faster.",

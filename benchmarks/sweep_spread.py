@@ -12,8 +12,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from swinexp.report import children, find_parent, history
 from swinexp.tracking import resolve_uri
+from swinexp.tracking.report import children, find_parent, history
 
 METRICS = ("train/loss", "val/loss", "val/top1")
 

@@ -2,7 +2,7 @@
 
 When components register (the rule): `import swinexp` registers the typed config schemas, the resolvers and the
 named sweeps in Hydra's ConfigStore, and imports no MindSpore, so `--help`, `--cfg job`, `python -m
-swinexp.report` and `python -m swinexp.tracking sync` start fast. The component registries (`REGISTRIES`) fill
+swinexp.tracking.report` and `python -m swinexp.tracking sync` start fast. The component registries (`REGISTRIES`) fill
 themselves the first time any of them is read — `MODELS.build(...)`, `"swin_tiny" in MODELS`, `sorted(MODELS)` —
 by importing swinexp's component modules and then every installed plugin (entry-point group `swinexp.plugins`);
 modules listed under `imports:` in a config are imported by `swinexp.build` before it builds. A registry is

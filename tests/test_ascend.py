@@ -17,13 +17,13 @@ from omegaconf import DictConfig
 
 from swinexp.amp import AmpPolicy, overflow
 from swinexp.amp.overflow import FiniteCheck, SaturatingDevice
+from swinexp.app.job import JobInfo, run
 from swinexp.build import build_amp, build_experiment
 from swinexp.config import HardwareCfg
 from swinexp.engine import loop
 from swinexp.engine.step import TrainStep, make_train_step, read_all
 from swinexp.registry import AMP_POLICIES, ConfigError
 from swinexp.runtime import hardware
-from swinexp.train import JobInfo, run
 from tests.conftest import CONF_DIR
 from tests.test_cluster_launch import _table
 from tests.test_recipes import _folder
@@ -237,7 +237,7 @@ def test_reads_the_device_only_at_read_points(compose: Callable[..., DictConfig]
 
 def test_the_self_check_passes_here_and_fails_when_overflow_goes_unseen(monkeypatch: pytest.MonkeyPatch,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from swinexp import selfcheck
+    from swinexp.app import selfcheck
 
     assert selfcheck.main(["--simulate-saturation", "amp=o1_manual"]) == 0
     out = capsys.readouterr().out

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from swinexp.app.job import NonFiniteLoss, fit
 from swinexp.build import build_experiment, node
 from swinexp.engine import checkpoint
 from swinexp.engine.resume import Progress, check_compatible, locate
 from swinexp.optim import adamw
 from swinexp.registry import MODELS, ConfigError
 from swinexp.runtime import hardware
-from swinexp.train import NonFiniteLoss, fit
 
 
 @pytest.fixture

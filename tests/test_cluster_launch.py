@@ -20,11 +20,11 @@ from typing import Callable
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from swinexp.app.job import dry_run_report
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
 from swinexp.runtime import launch, modelarts, node_sync, rank_table
 from swinexp.runtime.watchdog import launched_processes
-from swinexp.train import dry_run_report
 from tests.conftest import ROOT, SMOKE
 
 OTHER_HOST = "10.255.255.1"  # an address no test machine has

@@ -181,8 +181,8 @@ def test_cli_data_root_that_does_not_exist(tmp_path: Path) -> None:
 def test_a_multi_worker_run_checks_its_config_before_msrun_starts(compose: Callable[..., DictConfig],
                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    override: str, message: str) -> None:
+    from swinexp.app.job import JobInfo, run
     from swinexp.runtime import launch
-    from swinexp.train import JobInfo, run
 
     monkeypatch.setattr(launch, "launch", _refuse("an msrun launch"))
     cfg = compose("hardware=cpu2", "amp=o2" if override.startswith("amp") else "amp=o0", override)

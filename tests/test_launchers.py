@@ -23,11 +23,11 @@ from hydra import initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from swinexp.app.job import dry_run_report
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
 from swinexp.runtime.devices import DevicePool, Slot, devices_per_job
 from swinexp.runtime.slurm import expand_nodelist
-from swinexp.train import dry_run_report
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 

@@ -25,7 +25,7 @@ def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("command,expected", [
     (["-m", "swinexp", "--cfg", "job", "model=swin_tiny"], "name: swin_tiny"),
     (["-m", "swinexp.tracking", "sync", "--help"], "--from SOURCE"),  # imports all the command imports; a real
-    (["-m", "swinexp.report", "--help"], "--tracking-uri"),           # report: tests/test_packaging.py (wheel)
+    (["-m", "swinexp.tracking.report", "--help"], "--tracking-uri"),           # report: tests/test_packaging.py (wheel)
 ], ids=["cfg-job", "tracking-sync", "report"])
 def test_mindspore_free_commands_do_not_import_it(command: list[str], expected: str, tmp_path: Path) -> None:
     out = _python(*command, cwd=tmp_path)

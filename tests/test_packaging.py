@@ -168,7 +168,8 @@ def test_wheel_sweep_of_a_plugin_model_then_report(installed: dict[str, Path]) -
     assert child.data.params["model.name"] == "swin_nano" and "val/top1" in child.data.metrics
     assert (installed["cwd"] / "multirun" / "0" / "run.log").is_file()  # hydra.job.name is run, whatever the entry
 
-    report = _run(installed, "-m", "swinexp.report", "--tracking-uri", uri, "--experiment", "wheel", "--epoch", "1",
+    report = _run(installed, "-m", "swinexp.tracking.report", "--tracking-uri", uri, "--experiment", "wheel",
+                  "--epoch", "1",
                   importtime=True)
     assert f"| {child.info.run_name} |" in report.stdout and "written to" in report.stdout
     assert not MINDSPORE_IMPORTED.search(report.stderr), "the report imported MindSpore"

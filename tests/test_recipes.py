@@ -11,8 +11,8 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 
+from swinexp.app.recipe import describe, epoch_end_lr
 from swinexp.build import build_schedule, trainer_cfg
-from swinexp.recipe import describe, epoch_end_lr
 from swinexp.registry import ConfigError
 from tests.conftest import ROOT
 

@@ -9,7 +9,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from swinexp.report import best_trial, main, sweep_report
+from swinexp.tracking.report import best_trial, main, sweep_report
 
 
 def _child(client: MlflowClient, exp: str, parent: str, job: int, name: str, top1: list[float]) -> None:

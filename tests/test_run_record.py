@@ -10,11 +10,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from swinexp.app.job import JobInfo, log_checkpoint_artifacts, run
 from swinexp.build import build_experiment
 from swinexp.tracking import MlflowTracker
 from swinexp.tracking.dataset import file_list_digest
 from swinexp.tracking.system import SystemMetrics
-from swinexp.train import JobInfo, log_checkpoint_artifacts, run
 from tests.conftest import TrainedRun
 
 MLFLOW = ["tracking=mlflow", "tracking.system_metrics_interval_s=0.2", "tracking.log_every_n_steps=2"]

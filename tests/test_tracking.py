@@ -20,9 +20,9 @@ from hydra.core.utils import JobReturn, JobStatus
 from mlflow.tracking import MlflowClient
 from omegaconf import open_dict
 
+from swinexp.app.sweep_callback import SweepCallback, screening_epoch
 from swinexp.registry import ConfigError
 from swinexp.tracking import MlflowTracker, NullTracker, flatten, resolve_uri
-from swinexp.tracking.sweep import SweepCallback, screening_epoch
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 

@@ -13,11 +13,11 @@ from mindspore import Tensor, load_checkpoint
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 
+from swinexp.app.job import JobInfo, fit, run
 from swinexp.build import build_experiment, node
 from swinexp.engine import checkpoint
 from swinexp.registry import MODELS
 from swinexp.runtime import hardware
-from swinexp.train import JobInfo, fit, run
 from tests.conftest import ROOT, SMOKE
 
 

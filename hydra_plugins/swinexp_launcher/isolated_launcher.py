@@ -3,7 +3,7 @@
 MindSpore never frees a compiled graph, and its context is process-global: jobs that share a process inherit each
 other's graphs, memory and settings. Here each job is `python run.py <the sweep's config dir, search path and
 hydra overrides> <its overrides> hydra.run.dir=<its sweep subdir>`, so it starts clean; the sweep's MLflow parent
-run id reaches it through its hydra config (`hydra.job.env_set`, set by `swinexp.tracking.sweep.SweepCallback`),
+run id reaches it through its hydra config (`hydra.job.env_set`, set by `swinexp.app.sweep_callback.SweepCallback`),
 its job number through the environment.
 
 With `hydra.launcher.max_parallel=N`, N jobs run at once, each on devices of its own (see
@@ -34,8 +34,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from swinexp.app.sweep_callback import JOB_NUM_ENV, RESULT_FILE
 from swinexp.runtime.devices import DevicePool, Slot, devices_per_job, host_devices
-from swinexp.tracking.sweep import JOB_NUM_ENV, RESULT_FILE
 
 log = logging.getLogger(__name__)
 

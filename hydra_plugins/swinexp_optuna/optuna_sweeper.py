@@ -12,7 +12,7 @@ their run dirs, reruns the unfinished trials in their own run dirs (their checkp
 MLflow run), and asks only for the trials still missing. One sweep process per study at a time.
 
 At the end, `<sweep dir>/optimization_results.yaml` holds the best trial (the parent MLflow run gets it as best.*,
-see swinexp.tracking.sweep) and `<sweep dir>/optuna/` the study's trial table and plots (logged to the parent too).
+see swinexp.app.sweep_callback) and `<sweep dir>/optuna/` the study's trial table and plots (logged to the parent too).
 """
 # Hydra's plugin scan runs this module outside sys.modules, where a dataclass cannot resolve string annotations:
 # so no `from __future__ import annotations`, and Optional[...] where a dataclass or signature evaluates the type.
@@ -38,6 +38,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from swinexp.app.sweep_callback import PARENT_RUN_ENV, RESULT_FILE, for_every_job
 from swinexp.registry import ConfigError
 from swinexp.tracking.study import (
     PARENT_RUN_ATTR,
@@ -50,7 +51,6 @@ from swinexp.tracking.study import (
     open_storage,
     storage_url,
 )
-from swinexp.tracking.sweep import PARENT_RUN_ENV, RESULT_FILE, for_every_job
 
 log = logging.getLogger(__name__)
 

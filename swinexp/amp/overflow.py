@@ -11,7 +11,7 @@ Two ways, chosen by `hardware.overflow_check` (`auto` picks per device):
   before the forward and reads it after the backward (NPUClearFloatStatusV2 / NPUGetFloatStatusV2), inside the
   jitted step, so reading it costs no host sync.
 
-`SaturatingDevice` stands in for such a card on any backend (tests, `swinexp.selfcheck`): it saturates the
+`SaturatingDevice` stands in for such a card on any backend (tests, `swinexp.app.selfcheck`): it saturates the
 gradients the way the 910's arithmetic does and raises its own status register when it had to.
 """
 from __future__ import annotations

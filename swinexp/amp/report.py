@@ -1,7 +1,7 @@
 """What an AMP policy does to the network: a per-cell compute-dtype table and a precision drift report.
 
 `python run.py amp=o1_manual inspect=amp` prints `dtype_table`; `inspect=drift` prints `drift_report` (fp32 vs
-the policy on the same weights and batch, per stage/block), through `swinexp.train.inspect_precision`;
+the policy on the same weights and batch, per stage/block), through `swinexp.app.job.inspect_precision`;
 `artifacts(...)` gives both texts for a training run to save.
 """
 from __future__ import annotations

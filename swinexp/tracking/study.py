@@ -3,7 +3,8 @@
 The sweeper (`hydra/sweeper=swinexp_optuna`, in hydra_plugins/swinexp_optuna) asks the study for trials and tells it
 their results; each trial runs as a job of the Hydra launcher, in a process of its own or on another node. The job
 finds its study and trial through its environment (`hydra.job.env_set`, like the sweep's MLflow parent run, see
-`swinexp.tracking.sweep`): it reports `optimized_metric` after every epoch and asks the study's pruner whether to go on.
+`swinexp.app.sweep_callback`): it reports `optimized_metric` after every epoch and asks the study's pruner whether to
+go on.
 
 A study is persistent: a journal file beside the sweep directory (`<sweep dir>.optuna.journal`; safe on a shared
 filesystem, Optuna locks it with a symlink) unless `hydra.sweeper.storage` names an SQL URL. The same study name and

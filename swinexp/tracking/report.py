@@ -1,5 +1,5 @@
-"""`python -m swinexp.report`: compare the runs of a sweep at epoch N — a table, a CSV/markdown copy, a plot and an
-HTML page.
+"""`python -m swinexp.tracking.report`: compare the runs of a sweep at epoch N — a table, a CSV/markdown copy, a plot
+and an HTML page.
 
 Reads any MLflow tracking store; writes into --out and logs the files to the sweep's parent run; prints the link
 that opens the sweep's jobs in MLflow's UI on the metric's chart. A sweep (`-m`) calls `sweep_report` itself when
@@ -18,8 +18,7 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from swinexp import report_html
-from swinexp.tracking import FAILED_JOBS_TAG, STOPPED_TAG, resolve_uri, ui
+from swinexp.tracking import FAILED_JOBS_TAG, STOPPED_TAG, report_html, resolve_uri, ui
 from swinexp.tracking.ui import UI_PORT
 
 REPORT_FILES = ("report.md", "report.csv", "curves.png", "report.html")
@@ -265,7 +264,7 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
 
 
 def main(argv: Sequence[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m swinexp.report", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m swinexp.tracking.report", description=__doc__)
     parser.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlflow.db in this directory")
     parser.add_argument("--experiment", default="swinexp")
     parser.add_argument("--sweep", default="latest", help="the sweep's parent run id, or 'latest'")

@@ -139,7 +139,7 @@ def read_failures(sweep_dir: Path) -> dict[int, str]:
 @dataclass
 class SweepCallback(Callback):
     """Creates the parent run before the first job, keeps its status current, lists failed jobs, and ends the
-    sweep with its report (`swinexp.report.sweep_report`): table, curves and the link to compare the jobs in
+    sweep with its report (`swinexp.tracking.report.sweep_report`): table, curves and the link to compare the jobs in
     MLflow's UI, printed and logged to the parent run.
 
     After a search (hydra/sweeper=swinexp_optuna) the parent run gets the best trial: `best.<key>` params and tags, the
@@ -282,7 +282,7 @@ class SweepCallback(Callback):
 
     def _report(self, tracker: MlflowTracker) -> None:
         """Print the sweep's report and log it to the parent; a report that cannot be made never fails the sweep."""
-        from swinexp.report import sweep_report
+        from swinexp.tracking.report import sweep_report
 
         assert tracker.run_id is not None
         try:
@@ -291,7 +291,7 @@ class SweepCallback(Callback):
         except Exception as err:  # noqa: BLE001 - the jobs' runs are in the store whatever happens here
             epoch = f" --epoch {self.epoch}" if self.epoch is not None else ""
             print(f"the sweep's report was not made ({type(err).__name__}: {err}); make it with: python -m "
-                  f"swinexp.report --tracking-uri {tracker.uri} --experiment {tracker.experiment} --sweep "
+                  f"swinexp.tracking.report --tracking-uri {tracker.uri} --experiment {tracker.experiment} --sweep "
                   f"{tracker.run_id} --metric {self.metric}{epoch}", file=sys.stderr)
             return
         print(f"\n{report.text}", end="", flush=True)

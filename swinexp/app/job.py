@@ -14,8 +14,9 @@ from pathlib import Path
 from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp import recipe
 from swinexp.amp import report as amp_report
+from swinexp.app import recipe
+from swinexp.app.sweep_callback import SweepInfo, override_key, sweep_of
 from swinexp.build import (
     Experiment,
     build_amp,
@@ -29,7 +30,7 @@ from swinexp.build import (
 )
 from swinexp.config import HardwareCfg
 from swinexp.data.pipeline import EpochSampler
-from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.train.fit, documented)
+from swinexp.engine.loop import NonFiniteLoss, evaluate_only, fit  # noqa: F401  (swinexp.engine.loop.fit, documented)
 from swinexp.engine.resume import check_compatible, locate, remember_run_id, saved_run_id
 from swinexp.registry import ConfigError
 from swinexp.runtime import compile_cache, hardware, launch, phases
@@ -38,7 +39,6 @@ from swinexp.serve.saved_run import CLASSES_FILE
 from swinexp.tracking import STOPPED_TAG, NullTracker, Tracker, flatten
 from swinexp.tracking.dataset import split_records
 from swinexp.tracking.study import StudyTrial, TrialPruning
-from swinexp.tracking.sweep import SweepInfo, override_key, sweep_of
 
 log = logging.getLogger("swinexp")
 

@@ -1,6 +1,6 @@
 """A minute's check of what a run on this machine's cards relies on, before a long training:
 
-    python -m swinexp.selfcheck hardware=ascend amp=o1_manual       # on one card of the node; exit 1 on a failure
+    python -m swinexp.app.selfcheck hardware=ascend amp=o1_manual       # on one card of the node; exit 1 on a failure
 
 1. the backend and card: MindSpore sees the configured device (and, on Ascend, the configured chip);
 2. precision mode: an fp32 MatMul whose result differs in fp16 comes out fp32 (Ascend's operator precision mode

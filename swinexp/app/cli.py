@@ -21,9 +21,9 @@ def main(cfg: DictConfig) -> float | None:
     if (line := _leaves_launch_to_another_copy(cfg)) is not None:
         print(line, flush=True)
         return None
+    from swinexp.app.job import JobInfo, run  # imports MindSpore: only once a job runs, not for --help / --cfg
     from swinexp.engine.checkpoint import CheckpointWriteError
     from swinexp.runtime import launch
-    from swinexp.train import JobInfo, run  # imports MindSpore: only once a job runs, not for --help / --cfg
 
     try:
         metrics = run(cfg, JobInfo.from_hydra(HydraConfig.get()))
