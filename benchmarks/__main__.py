@@ -22,8 +22,6 @@ from dataclasses import asdict
 from difflib import get_close_matches
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from benchmarks import chaos, data, kernels, memory, overhead, peers, step
 from benchmarks.harness import compose, quiet_cell_teardown, release_compiled
 from benchmarks.host import NotEnoughMemory
@@ -123,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_cell_teardown()
     try:
         names, opts, args = parse(argv)
-        hardware.apply(OmegaConf.to_object(compose(list(opts.overrides)).hardware), opts.seed)
+        hardware.apply(compose(list(opts.overrides)).hardware, opts.seed)
         if args.json_out is not None:
             _measure_group(opts, args.group, args.json_out)
         elif not args.mlflow:

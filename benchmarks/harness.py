@@ -8,50 +8,48 @@ from collections.abc import Callable, Sequence
 
 import mindspore as ms
 import numpy as np
-from hydra import compose as compose_cfg
-from hydra import initialize_config_dir
 from mindspore import Tensor, nn
-from omegaconf import DictConfig
 
 from benchmarks.worker import IMPORT_ROOT
-from swinexp.build import build_amp, build_optimization, total_batch_size, trainer_cfg
+from swinexp.build import Plan, build_amp, build_experiment, build_optimization, plan_for, total_batch_size
 from swinexp.config import CONF_DIR
 from swinexp.engine.step import StepOutput, TrainStep, make_train_step
 from swinexp.models.summary import summarize
 from swinexp.models.swin import SwinTransformer
 
-__all__ = ["CONF_DIR", "IMPORT_ROOT", "build_train_step", "compose", "forward_flops", "make_step_call",
+__all__ = ["CONF_DIR", "IMPORT_ROOT", "build_experiment", "build_train_step", "compose", "forward_flops",
+           "make_step_call",
            "quiet_cell_teardown", "random_batch", "release_compiled"]
 
 
 
-def compose(overrides: Sequence[str]) -> DictConfig:
-    """The root config with Hydra command-line overrides, as `python run.py <overrides>` composes it."""
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return compose_cfg("config", overrides=list(overrides))
+def compose(overrides: Sequence[str]) -> Plan:
+    """The plan of `python run.py <overrides>`: composed, resolved and validated as a run's."""
+    return plan_for(overrides)
 
 
-def build_train_step(cfg: DictConfig, model: nn.Cell, total_steps: int) -> TrainStep:
+def build_train_step(plan: Plan, model: nn.Cell, total_steps: int) -> TrainStep:
     """`model` under the config's amp policy, optimizer and LR schedule, in the train step `fit` uses.
 
     Args:
-        cfg: The composed config (amp, optimizer, scheduler, trainer, hardware.mode are read).
+        plan: The run's plan (amp, optimizer, scheduler, trainer, hardware.mode are read).
         model: The network, not yet cast (any nn.Cell: a peer's model too).
         total_steps: Calls the step will get; the LR schedule is made at least this long (per epoch of
             trainer.epochs), its LRs scaled by trainer.lr_batch_size as in training.
     """
-    trainer, amp = trainer_cfg(cfg), build_amp(cfg)
+    trainer, amp = plan.trainer, build_amp(plan)
     model = amp.apply(model)
     model.set_train(True)
-    optimizer, _ = build_optimization(cfg, model, total_steps, total_batch_size(cfg, int(cfg.data.batch_size)))
-    return make_train_step(model, optimizer, amp, trainer.clip_grad, cfg.hardware.mode == "graph",
+    batch = int(plan.get('data.batch_size'))
+    optimizer, _ = build_optimization(plan, model, total_steps, total_batch_size(plan, batch))
+    return make_train_step(model, optimizer, amp, trainer.clip_grad, plan.hardware.mode == "graph",
                            trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
 
 
-def random_batch(cfg: DictConfig, seed: int) -> tuple[Tensor, Tensor]:
+def random_batch(plan: Plan, seed: int) -> tuple[Tensor, Tensor]:
     """Images (B, 3, S, S) and one-hot targets (B, K) at data.batch_size, data.img_size, data.num_classes."""
     rng = np.random.default_rng(seed)
-    b, s, k = int(cfg.data.batch_size), int(cfg.data.img_size), int(cfg.data.num_classes)
+    b, s, k = int(plan.get('data.batch_size')), int(plan.get('data.img_size')), int(plan.get('data.num_classes'))
     images = rng.standard_normal((b, 3, s, s)).astype(np.float32)
     return Tensor(images), Tensor(np.eye(k, dtype=np.float32)[rng.integers(0, k, b)])
 

@@ -28,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from hydra import compose, initialize_config_dir
 from mindspore import Tensor
 
-from swinexp.build import build_experiment
-from swinexp.config import CONF_DIR
+from benchmarks.harness import build_experiment, compose
 from swinexp.engine import loop
 from swinexp.engine.step import StepOutput
 from swinexp.runtime import hardware
@@ -133,10 +131,9 @@ def counting_syncs(counter: list[int], timed: dict[str, float]) -> Iterator[None
 
 
 def measure(overrides: list[str], step_ms: float, steps: int, read_every: int, loader: bool = True) -> Result:
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("config", overrides=[*DEFAULTS, f"trainer.limit_train_batches={steps}",
-                                           f"trainer.log_every_n_steps={read_every}", *overrides])
-    exp = build_experiment(cfg)
+    plan = compose([*DEFAULTS, f"trainer.limit_train_batches={steps}", f"trainer.log_every_n_steps={read_every}",
+                    *overrides])
+    exp = build_experiment(plan)
     device = StubDevice(step_ms / 1000)
     stub: StubStep | None = None
     timed = {"start": 0.0, "end": 0.0}

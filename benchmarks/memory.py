@@ -42,20 +42,17 @@ class Peak:
 
 def worker(peer: str, overrides: Sequence[str]) -> Peak:
     """Build `peer`'s train step in this process, take STEPS steps, return the figures."""
-    from omegaconf import OmegaConf
-
-    from swinexp.build import node
     from swinexp.registry import MODELS
     from swinexp.runtime import hardware
     from swinexp.runtime.hardware import set_seed
 
-    cfg = compose(overrides)
-    hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
-    set_seed(int(cfg.seed))
-    model_cfg = node(cfg, "model")
+    plan = compose(overrides)
+    hardware.apply(plan.hardware, plan.seed)
+    set_seed(plan.seed)
+    model_cfg = plan.section("model")
     model = peers.build_mindcv_swin(model_cfg) if peer == MINDCV else MODELS.build(model_cfg)
-    step = build_train_step(cfg, model, STEPS)
-    images, targets = random_batch(cfg, int(cfg.seed))
+    step = build_train_step(plan, model, STEPS)
+    images, targets = random_batch(plan, plan.seed)
     built = rss_gb()
     start = time.perf_counter()
     step(images, targets).values()  # reading the outputs waits for the device to finish the step
@@ -77,21 +74,21 @@ def run(opts: Options) -> BenchResult | None:
         return None
     overrides = [*opts.model_overrides("swin_tiny", 16, 224), f"data.num_classes={opts.num_classes}",
                  "tracking=none", f"seed={opts.seed}", *opts.overrides]
-    cfg = compose(overrides)
+    plan = compose(overrides)
     peaks: dict[str, Peak] = {}
     for peer in (SWINEXP, MINDCV):
         progress(f"memory: {peer}, {STEPS} steps in a fresh process")
         peaks[peer] = _in_process(peer, overrides)
     if reference_installed():
         progress(f"memory: {TIMM}, {STEPS} steps in a fresh process")
-        timm = run_in_process(peers.timm_settings(cfg, 0, STEPS - 1, opts.seed))
+        timm = run_in_process(peers.timm_settings(plan, 0, STEPS - 1, opts.seed))
         peaks[TIMM] = Peak(timm.first_s, timm.peak_rss_gb)
     else:
         progress(peers.NO_TIMM_MESSAGE)
-    return memory_table(peaks, cfg)
+    return memory_table(peaks, plan)
 
 
-def memory_table(peaks: dict[str, Peak], cfg) -> BenchResult:
+def memory_table(peaks: dict[str, Peak], plan) -> BenchResult:
     """Rows in the order measured; ratios of peak RSS to MindCV and to timm (when it ran)."""
     rows, metrics = [], {}
     for name, peak in peaks.items():
@@ -102,9 +99,10 @@ def memory_table(peaks: dict[str, Peak], cfg) -> BenchResult:
         metrics.update({f"memory/{name}/peak_rss_gb": peak.peak_rss_gb, f"memory/{name}/first_step_s": peak.first_s})
     if TIMM in peaks:
         metrics["memory/ratio_swinexp_over_timm"] = peaks[SWINEXP].peak_rss_gb / peaks[TIMM].peak_rss_gb
-    title = (f"Peak resident memory of {STEPS} train steps, each peer in a fresh process: {cfg.model.name} "
-             f"architecture, batch {cfg.data.batch_size}, {cfg.data.img_size} px, amp {cfg.amp.name}, "
-             f"{cfg.hardware.mode} mode; {describe()}")
+    title = (f"Peak resident memory of {STEPS} train steps, each peer in a fresh process: {plan.get('model.name')} "
+             f"architecture, batch {plan.get('data.batch_size')}, {plan.get('data.img_size')} px, "
+             f"amp {plan.get('amp.name')}, "
+             f"{plan.hardware.mode} mode; {describe()}")
     notes = ("Peak RSS = VmHWM of the process after its steps (interpreter, imports, weights, "
              "compiled graph, gradients, optimizer state, activations). 'after build': RSS once the model and "
              "optimizer exist, before the first step (MindSpore peers).",)

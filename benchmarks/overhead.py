@@ -16,14 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from benchmarks import startup
 from benchmarks.harness import IMPORT_ROOT, compose
 from benchmarks.host import describe, load_average
 from benchmarks.options import Options
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import progress
+from swinexp.config import thaw
 from swinexp.tracking import MlflowTracker, flatten, resolve_uri
 
 __all__ = ["EPOCH_METRICS", "STARTUP_CODE", "run"]
@@ -96,11 +95,11 @@ def _row(name: str, values: list[float], unit: str, scale: float = 1.0) -> tuple
 def run(opts: Options) -> BenchResult:
     """The `overhead` sub-benchmark."""
     overrides = startup_overrides(opts)
-    cfg = compose(overrides)  # a config mistake fails here, before any process starts
+    plan = compose(overrides)  # a config mistake fails here, before any process starts
     warmup = min(opts.warmup, 1)  # one process warms the dataset cache and the OS file cache
     loads = [load_average()]
     stamps = time_startups(overrides, warmup + opts.iters)[warmup:]
-    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    params = flatten(thaw(plan.values))
     costs = time_mlflow(params, opts.iters, epochs=10)  # 10: the default run's epochs
     loads.append(load_average())
     steady = [s for run_ in stamps for s in run_["steady_s"]]

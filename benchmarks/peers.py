@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from mindspore import nn
-from omegaconf import DictConfig
 
 from benchmarks.harness import build_train_step, compose, forward_flops, make_step_call, random_batch
 from benchmarks.host import MemoryGuard, describe
@@ -25,7 +24,7 @@ from benchmarks.options import Options
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import Samples, Timing, progress, round_robin
 from benchmarks.timm_peer import TimmSettings, TimmTiming, reference_installed, run_in_process
-from swinexp.build import node, trainer_cfg
+from swinexp.config import Plan
 from swinexp.registry import MODELS
 from swinexp.runtime.hardware import set_seed
 
@@ -56,13 +55,13 @@ def build_mindcv_swin(model_cfg: dict[str, Any]) -> nn.Cell:
     return SwinTransformer(**{theirs: model_cfg[ours] for ours, theirs in MINDCV_ARGS.items()})
 
 
-def timm_settings(cfg: DictConfig, warmup: int, iters: int, seed: int) -> TimmSettings:
+def timm_settings(plan: Plan, warmup: int, iters: int, seed: int) -> TimmSettings:
     """The timm peer's step: the composed config's architecture, batch, optimizer numbers and clipping."""
-    model_cfg, optimizer = node(cfg, "model"), cfg.optimizer
+    model_cfg, optimizer = plan.section("model"), plan.section("optimizer")
     arch = {key: model_cfg[key] for key in MINDCV_ARGS}
-    return TimmSettings(arch=arch, batch=int(cfg.data.batch_size), lr=float(optimizer.lr),
-                        weight_decay=float(optimizer.weight_decay), betas=tuple(optimizer.betas),
-                        eps=float(optimizer.eps), clip_grad=trainer_cfg(cfg).clip_grad, seed=seed, warmup=warmup,
+    return TimmSettings(arch=arch, batch=int(plan.get('data.batch_size')), lr=float(optimizer['lr']),
+                        weight_decay=float(optimizer['weight_decay']), betas=tuple(optimizer['betas']),
+                        eps=float(optimizer['eps']), clip_grad=plan.trainer.clip_grad, seed=seed, warmup=warmup,
                         iters=iters)
 
 
@@ -79,9 +78,9 @@ def run(opts: Options) -> BenchResult | None:
     if not mindcv_installed():
         progress(SKIP_MESSAGE)
         return None
-    cfg = compose([*opts.model_overrides("swin_tiny", 4, 224), f"data.num_classes={opts.num_classes}",
+    plan = compose([*opts.model_overrides("swin_tiny", 4, 224), f"data.num_classes={opts.num_classes}",
                    "tracking=none", *opts.overrides])
-    model_cfg = node(cfg, "model")
+    model_cfg = plan.section("model")
     total_steps = 1 + opts.warmup + opts.iters
     flops: list[int] = []  # forward FLOPs of one image, counted on swinexp's model (the same architecture)
 
@@ -89,7 +88,7 @@ def run(opts: Options) -> BenchResult | None:
         def builder() -> Callable[[], object]:
             set_seed(opts.seed)
             model = make_model()
-            return make_step_call(build_train_step(cfg, model, total_steps), *random_batch(cfg, opts.seed))
+            return make_step_call(build_train_step(plan, model, total_steps), *random_batch(plan, opts.seed))
         return builder
 
     def swinexp_model() -> nn.Cell:
@@ -97,7 +96,7 @@ def run(opts: Options) -> BenchResult | None:
         flops.append(forward_flops(model))
         return model
 
-    settings = timm_settings(cfg, opts.warmup, opts.iters, opts.seed)
+    settings = timm_settings(plan, opts.warmup, opts.iters, opts.seed)
     timm_runs = [_time_timm(settings, "before")] if reference_installed() else []
     if not timm_runs:
         progress(NO_TIMM_MESSAGE)
@@ -105,7 +104,7 @@ def run(opts: Options) -> BenchResult | None:
                           opts.warmup, opts.iters, MemoryGuard())
     if timm_runs:
         timm_runs.append(_time_timm(settings, "after"))
-    return peers_table(timings, cfg, flops[0], opts, timm_runs)
+    return peers_table(timings, plan, flops[0], opts, timm_runs)
 
 
 def _timm_timing(runs: list[TimmTiming]) -> Timing:
@@ -113,10 +112,10 @@ def _timm_timing(runs: list[TimmTiming]) -> Timing:
     return Timing(runs[0].first_s, Samples(tuple(t for run in runs for t in run.seconds)), float("nan"))
 
 
-def peers_table(timings: dict[str, Timing], cfg: DictConfig, flops: int, opts: Options,
+def peers_table(timings: dict[str, Timing], plan: Plan, flops: int, opts: Options,
                 timm_runs: list[TimmTiming] | None = None) -> BenchResult:
     """Rows MindCV, swinexp, then timm when it ran; ratios = row / MindCV and row / timm."""
-    batch = int(cfg.data.batch_size)
+    batch = int(plan.get('data.batch_size'))
     timings = dict(timings)
     if timm_runs:
         timings[TIMM] = _timm_timing(timm_runs)
@@ -125,8 +124,8 @@ def peers_table(timings: dict[str, Timing], cfg: DictConfig, flops: int, opts: O
     version = importlib.metadata.version("mindcv")
     formulation = {MINDCV: f"mindcv {version} `SwinTransformer` (separate q/k/v, one-hot bias, reshape merging)",
                    SWINEXP: "swinexp `SwinTransformer`, " + ", ".join(
-                       f"{key}={cfg.model[key]}" for key in ("qkv", "patch_merging", "rel_pos_bias", "custom_bprop",
-                                                                   "permute", "patch_embed"))}
+                       f"{key}={plan.get(f'model.{key}')}" for key in ("qkv", "patch_merging", "rel_pos_bias",
+                                                                       "custom_bprop", "permute", "patch_embed"))}
     if timm_runs:
         first = timm_runs[0]
         formulation[TIMM] = (f"timm {first.timm_version} `SwinTransformer`, PyTorch {first.torch_version} eager fp32, "
@@ -144,15 +143,15 @@ def peers_table(timings: dict[str, Timing], cfg: DictConfig, flops: int, opts: O
                         f"peers/{name}/images_per_s": batch / s.median})
     ours = timings[SWINEXP].samples
     metrics["peers/ratio_swinexp_over_mindcv"] = ours.median / ref.median
-    title = (f"Train step, swinexp vs MindCV{' vs timm' if torch_ref else ''}: {cfg.model.name} architecture, "
-             f"batch {batch}, {cfg.data.img_size} px, amp {cfg.amp.name}, {cfg.hardware.mode} mode, "
+    title = (f"Train step, swinexp vs MindCV{' vs timm' if torch_ref else ''}: {plan.get('model.name')} architecture, "
+             f"batch {batch}, {plan.get('data.img_size')} px, amp {plan.get('amp.name')}, {plan.hardware.mode} mode, "
              f"{len(ref.seconds)} timed steps each after {opts.warmup} warm-up, the MindSpore pair round-robin in "
              f"one process; {describe()}")
     notes = [(f"swinexp / MindCV step time: {ours.median / ref.median:.3f} (medians), {ours.min / ref.min:.3f} "
               "(minimums); > 1 means swinexp is slower."),
-             (f"Same for both: input, soft-target cross entropy, swinexp's `{cfg.optimizer.name}` optimizer with the "
-              "no-decay groups, amp policy and `make_train_step`; only the model code differs. GFLOP/s as in `step` "
-              f"(3 x forward FLOPs, official count: {flops / 1e9:.3f} G per image)."),
+             (f"Same for both: input, soft-target cross entropy, swinexp's `{plan.get('optimizer.name')}` optimizer "
+              "with the no-decay groups, amp policy and `make_train_step`; only the model code differs. GFLOP/s as in "
+              f"`step` (3 x forward FLOPs, official count: {flops / 1e9:.3f} G per image)."),
              f"Mean 1-minute load average during the MindSpore pair's timed steps: {timings[MINDCV].load:.1f}."]
     if timm_runs and torch_ref:
         metrics["peers/ratio_swinexp_over_timm"] = ours.median / torch_ref.median

@@ -13,8 +13,8 @@ import mindspore as ms
 from benchmarks.host import cpu_model
 from benchmarks.options import Options
 from benchmarks.table import BenchResult
-from swinexp.app.job import git_commit
 from swinexp.tracking import MlflowTracker, resolve_uri
+from swinexp.tracking.source import git_commit
 
 __all__ = ["EXPERIMENT", "BenchRecorder", "metric_name"]
 

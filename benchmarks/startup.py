@@ -14,10 +14,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
-from omegaconf import OmegaConf
-
-from benchmarks.harness import compose
-from swinexp.build import build_experiment
+from benchmarks.harness import build_experiment, compose
 from swinexp.data import Loader
 from swinexp.engine.step import make_train_step
 from swinexp.runtime import compile_cache, hardware
@@ -39,12 +36,12 @@ def main(started: float, argv: Sequence[str] | None = None) -> None:
     imported = time.time()  # the imports above: swinexp (all registries), MindSpore, Hydra, OmegaConf
     argv = list(sys.argv[1:] if argv is None else argv)
     steady_steps, overrides = int(argv[0]), argv[1:]
-    cfg = compose(overrides)
+    plan = compose(overrides)
     composed = time.time()
-    hw = OmegaConf.to_object(cfg.hardware)
-    hardware.apply(hw, int(cfg.seed))
-    compile_cache.enable(cfg)  # as train.main: a sweep job's start-up from the graphs an earlier job compiled
-    exp = build_experiment(cfg, NullTracker())
+    hw = plan.hardware
+    hardware.apply(hw, plan.seed)
+    compile_cache.enable(plan)  # as train.main: a sweep job's start-up from the graphs an earlier job compiled
+    exp = build_experiment(plan, NullTracker())
     built = time.time()
     trainer = exp.trainer
     step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, hw.mode == "graph",
@@ -60,4 +57,5 @@ def main(started: float, argv: Sequence[str] | None = None) -> None:
     batches.close()
     print(json.dumps({"started": started, "imported": imported, "composed": composed, "built": built,
                       "first_step": first_step, "steady_s": steady, "batches_per_epoch": len(exp.train_loader),
-                      "model": cfg.model.name, "batch": int(cfg.data.batch_size), "img_size": int(cfg.data.img_size)}))
+                      "model": plan.get("model.name"), "batch": int(plan.get("data.batch_size")),
+                      "img_size": int(plan.get("data.img_size"))}))

@@ -21,7 +21,6 @@ from benchmarks.host import MemoryGuard, describe
 from benchmarks.options import Options
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import progress, round_robin
-from swinexp.build import node
 from swinexp.registry import MODELS, ConfigError
 from swinexp.runtime.hardware import set_seed
 
@@ -54,7 +53,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_VARIANTS = tuple(name for name in PRESETS if name != "drop_path=0")
 # every variant starts from the official formulation with autodiff gradients in fp32; its own overrides win
-BASE = ("+model/rewrites=official", "model.custom_bprop=false", "model.permute=transpose", "model.patch_embed=conv",
+BASE = ("model/rewrites=official", "model.custom_bprop=false", "model.permute=transpose", "model.patch_embed=conv",
         "amp=o0", "tracking=none")
 
 
@@ -116,17 +115,17 @@ def measure(opts: Options, variants: list[Variant], group: int = 0) -> tuple[lis
         The measured variants, and name -> error of those that failed to build or compile (left out).
     """
     base = base_overrides(opts)
-    cfgs = {v.name: compose([*base, *v.overrides]) for v in variants}  # a config typo fails before any compile
+    plans = {v.name: compose([*base, *v.overrides]) for v in variants}  # a config typo fails before any compile
     total_steps = 1 + opts.warmup + opts.iters
     flops: dict[str, int] = {}
 
     def builder(name: str) -> Callable[[], Callable[[], object]]:
         def build() -> Callable[[], object]:
-            cfg = cfgs[name]
+            plan = plans[name]
             set_seed(opts.seed)  # same initial weights wherever the variants' parameters have the same shapes
-            model = MODELS.build(node(cfg, "model"))
+            model = MODELS.build(plan.section("model"))
             flops[name] = forward_flops(model)
-            return make_step_call(build_train_step(cfg, model, total_steps), *random_batch(cfg, opts.seed))
+            return make_step_call(build_train_step(plan, model, total_steps), *random_batch(plan, opts.seed))
         return build
 
     failed: dict[str, str] = {}
@@ -135,7 +134,7 @@ def measure(opts: Options, variants: list[Variant], group: int = 0) -> tuple[lis
         raise WorkerFailed(f"the reference variant '{variants[0].name}' failed ({failed[variants[0].name]}); "
                            "nothing to compare with")
     measured = [Measured(v.name, v.overrides, group, timings[v.name].first_s, timings[v.name].samples.seconds,
-                         timings[v.name].load, int(cfgs[v.name].data.batch_size), flops[v.name])
+                         timings[v.name].load, int(plans[v.name].get('data.batch_size')), flops[v.name])
                 for v in variants if v.name in timings]
     return measured, failed
 
@@ -200,17 +199,18 @@ def step_table(measured: list[Measured], opts: Options, failed: dict[str, str] |
                         f"{key}/compile_s": m.first_s, f"{key}/images_per_s": m.batch / mid,
                         f"{key}/gflops_per_s": gflops, f"{key}/ratio_median": ratio})
     first = measured[0]
-    cfg = compose(base_overrides(opts))
+    plan = compose(base_overrides(opts))
     where = (f"{len(reference)} processes of <= {opts.max_resident} variants, round-robin within each" if grouped
              else "round-robin in one process")
-    title = (f"Train step of {cfg.model.name}, batch {cfg.data.batch_size}, {cfg.data.img_size} px, "
-             f"{cfg.hardware.mode} mode, {len(first.seconds)} timed steps per variant after {opts.warmup} warm-up, "
+    title = (f"Train step of {plan.get('model.name')}, batch {plan.get('data.batch_size')}, "
+             f"{plan.get('data.img_size')} px, "
+             f"{plan.hardware.mode} mode, {len(first.seconds)} timed steps per variant after {opts.warmup} warm-up, "
              f"{where}; {describe()}")
     loads = ", ".join(f"{m.load:.1f}" for m in reference.values())
     notes = (
         (f"A step is one `make_train_step` call: forward, soft-target cross entropy, backward, loss-scaled "
-         f"{cfg.optimizer.name} update, as `swinexp.engine.loop.fit` runs it. Baseline: the official formulation "
-         f"({OFFICIAL}), amp o0 (fp32); the other rows add their overrides to it."),
+         f"{plan.get('optimizer.name')} update, as `swinexp.engine.loop.fit` runs it. Baseline: the official "
+         f"formulation ({OFFICIAL}), amp o0 (fp32); the other rows add their overrides to it."),
         "ratio: median (min) step time / the same of the first row"
         + (" of the same process (`#n`)" if grouped else "") + "; < 1 is faster.",
         ("GFLOP/s: 3 x forward FLOPs x batch / median step time (backward counted as 2 x forward; loss and "

@@ -1,7 +1,7 @@
 """swinexp: config-composed Swin Transformer experiments on MindSpore.
 
-When components register (the rule): `import swinexp` registers the typed config schemas, the resolvers and the
-named sweeps in Hydra's ConfigStore, and imports no MindSpore, so `--help`, `--cfg job`, `python -m
+When components register (the rule): `import swinexp` registers the typed config schemas in Hydra's ConfigStore and the
+resolvers, and imports no MindSpore, so `--help`, `--cfg job`, `python -m
 swinexp.tracking.report` and `python -m swinexp.tracking sync` start fast. The component registries (`REGISTRIES`) fill
 themselves the first time any of them is read — `MODELS.build(...)`, `"swin_tiny" in MODELS`, `sorted(MODELS)` —
 by importing swinexp's component modules and then every installed plugin (entry-point group `swinexp.plugins`);
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from swinexp.config import register_resolvers, register_schemas, register_sweeps
+from swinexp.app.resolvers import register_resolvers
+from swinexp.config import register_schemas
 from swinexp.registry import AMP_POLICIES, AUGMENTS, DATASETS, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
 
 register_resolvers()
 register_schemas()
-register_sweeps()
 
 REGISTRIES = {
     "model": MODELS,

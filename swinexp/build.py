@@ -1,62 +1,65 @@
-"""The only DictConfig -> objects boundary: `build_experiment(cfg)` returns plain Python objects."""
+"""Config to objects: `resolve(cfg)` turns the composed config into a validated `Plan` (once per process); the
+`build_*` functions turn a Plan into the objects a job runs. Nothing below this module sees the config itself."""
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
-from omegaconf import DictConfig, OmegaConf
 
 from swinexp.amp import AmpPolicy, overflow
-from swinexp.config import ACCUMULATE_ON, HardwareCfg, TrainerCfg
-from swinexp.data import AUGMENTS, DATASETS, DataSpec, Loader, build_loaders
+from swinexp.config import ACCUMULATE_ON, Composed, HardwareCfg, Plan, TrainerCfg, compose, read
+from swinexp.data import AUGMENTS, DATASETS, DataSpec, build_loaders
 from swinexp.data.datasets import check_data_args
 from swinexp.data.transforms import EvalTransform
+from swinexp.engine.experiment import Experiment
 from swinexp.models.swin import check_resolution
 from swinexp.optim import lr_scale
-from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError, import_modules
+from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, ConfigError, import_modules
 from swinexp.runtime import hardware
 from swinexp.runtime.launch import is_worker, rank, world_size
-from swinexp.tracking import Tracker
+from swinexp.tracking import NullTracker, Tracker
+
+__all__ = ["Experiment", "Plan", "build_amp", "build_data_spec", "build_eval_transform", "build_experiment",
+           "build_model", "build_optimization", "build_schedule", "plan_for", "resolve", "total_batch_size"]
 
 
-@dataclass(frozen=True)
-class Experiment:
-    """Everything one training job needs, built and validated."""
+def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
+    """The composed config as a validated Plan: every check that needs no file, network, model or data — trainer,
+    hardware, amp on that hardware, the data keys, the model's resolution — runs here, before a tracker store is
+    opened, a model is built or msrun starts workers. The user's `imports:` are imported first.
 
-    model: nn.Cell
-    data: DataSpec
-    train_loader: Loader
-    val_loader: Loader
-    optimizer: nn.Optimizer
-    lr_schedule: np.ndarray          # per optimizer step
-    amp: AmpPolicy
-    trainer: TrainerCfg
-    tracker: Tracker
-    steps_per_epoch: int             # optimizer steps; each takes trainer.accumulation_steps batches
-    total_batch: int = 0             # images per optimizer step: batch x devices x accumulation_steps
-    overflow_check: str = "isfinite"  # how the step sees fp16 overflow on this device (amp/overflow.resolve)
-
-
-def node(cfg: DictConfig, key: str) -> dict[str, Any]:
-    """A config group as a plain resolved dict, with a clear error for a missing mandatory value."""
-    try:
-        value = OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=True, throw_on_missing=True)
-    except Exception as err:  # omegaconf's MissingMandatoryValue / InterpolationResolutionError
-        raise ConfigError(f"{err}. Set it on the command line, e.g. {key}.<key>=...") from err
-    if not isinstance(value, dict):
-        raise ConfigError(f"config group '{key}' is missing; add it to the defaults list or pass {key}=<option>")
-    return value
+    Args:
+        backend: also check that this MindSpore build can run hardware.device_target (not for a dry run, which
+            works anywhere).
+    """
+    plan = cfg if isinstance(cfg, Plan) else read(cfg)
+    import_modules(plan.imports, key="imports")
+    check_trainer(plan.trainer)
+    hardware.validate(plan.hardware)
+    if backend:
+        hardware.check_backend(plan.hardware)
+    check_amp_on_hardware(build_amp(plan), plan.hardware)
+    check_data_args(_data_and_augment(plan)[0])
+    model = plan.section("model")
+    if {"img_size", "patch_size", "window_size", "depths"} <= model.keys():  # a Swin: its maps must fit the image
+        try:
+            check_resolution(model["img_size"], model["patch_size"], model["window_size"], len(model["depths"]))
+        except ConfigError as err:
+            raise _naming_the_followed_key(plan, err) from err
+    return plan
 
 
-def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
-    trainer: TrainerCfg = OmegaConf.to_object(cfg.trainer)  # typed by the base_trainer schema
+def plan_for(overrides: Sequence[str] = (), backend: bool = True) -> Plan:
+    """The validated plan of `python run.py <overrides>`, for tools that are not the Hydra app (self-check, parity,
+    benchmarks)."""
+    return resolve(compose(overrides), backend)
+
+
+def check_trainer(trainer: TrainerCfg) -> None:
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs} must be >= 1")
     stop = trainer.stop_after_epoch
@@ -79,116 +82,45 @@ def trainer_cfg(cfg: DictConfig) -> TrainerCfg:
                           "between the host's reads of the step outputs)")
     if not 0 <= trainer.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={trainer.label_smoothing} must be in [0, 1)")
-    return trainer
 
 
-def import_user_components(cfg: DictConfig) -> None:
-    """Import the modules of the config's `imports:` list (the user's own registered components)."""
-    import_modules(OmegaConf.select(cfg, "imports", default=None) or [], key="imports")
-
-
-def build_model(cfg: DictConfig) -> nn.Cell:
-    """The model of `cfg.model`; an error about a key the model takes from the data names the data key to change."""
-    import_user_components(cfg)
+def build_model(plan: Plan) -> nn.Cell:
+    """The model of `plan.model`; an error about a key the model takes from the data names the data key to change."""
     try:
-        return MODELS.build(node(cfg, "model"))
+        return MODELS.build(plan.section("model"))
     except ConfigError as err:
-        raise _naming_the_followed_key(cfg, err) from err
+        raise _naming_the_followed_key(plan, err) from err
 
 
-def _naming_the_followed_key(cfg: DictConfig, err: ConfigError) -> ConfigError:
+def _naming_the_followed_key(plan: Plan, err: ConfigError) -> ConfigError:
     """`err` about a model key that follows a data key (model.img_size: ${data.img_size}), told to change that one."""
-    written = OmegaConf.to_container(cfg.model, resolve=False)
-    followed = [k for k in written if f"model.{k}=" in str(err) and OmegaConf.is_interpolation(cfg.model, k)]
+    followed = [key for key in plan.follows if f"{key}=" in str(err)]
     if not followed:
         return err
-    key = followed[0]
-    source = re.search(r"data\.[\w.]+", str(written[key]))
-    return ConfigError(f"{err}. model.{key} follows {source.group(0) if source else written[key]}: change that "
-                       "key instead")
+    return ConfigError(f"{err}. {followed[0]} follows {plan.follows[followed[0]]}: change that key instead")
 
 
-def hardware_cfg(cfg: DictConfig) -> HardwareCfg:
-    """The validated `cfg.hardware` (mode, device target, process counts)."""
-    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
-    hardware.validate(hw)
-    return hw
+def build_amp(plan: Plan) -> AmpPolicy:
+    """The precision policy of `plan.amp`; invalid combinations are rejected here."""
+    return AMP_POLICIES.build(plan.section("amp"))
 
 
-def build_amp(cfg: DictConfig) -> AmpPolicy:
-    """The precision policy of `cfg.amp`; invalid combinations are rejected here."""
-    return AMP_POLICIES.build(node(cfg, "amp"))
-
-
-def saved_config(saved: DictConfig, overrides: Sequence[str] = ()) -> DictConfig:
-    """A run's config.yaml (resolved, untyped) typed again like the composed config, with `key=value` overrides.
-
-    Raises:
-        ConfigError: an override is not `key=value`, or names a trainer/hardware key the schema lacks.
-    """
-    if bad := [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]:
-        raise ConfigError(f"overrides must be key=value, e.g. data.root=/data/val_set; got {bad}")
-    for group, schema in (("trainer", TrainerCfg), ("hardware", HardwareCfg)):  # a config.yaml of an older swinexp
-        known = {f.name for f in fields(schema)}
-        for key in [k for k in (saved.get(group) or {}) if k not in known]:
-            del saved[group][key]
-    typed = OmegaConf.create({"trainer": OmegaConf.structured(TrainerCfg),
-                              "hardware": OmegaConf.structured(HardwareCfg)})
-    try:
-        return OmegaConf.merge(typed, saved, OmegaConf.from_dotlist(list(overrides)))
-    except Exception as err:  # omegaconf's ConfigKeyError / ValidationError name the key
-        raise ConfigError(f"{err}; check the override against the run's config.yaml") from err
-
-
-def build_eval_transform(cfg: DictConfig) -> EvalTransform:
-    """The validation transform of `cfg.data` (resize, center crop, normalize), without reading the data root."""
-    data = node(cfg, "data")
+def build_eval_transform(plan: Plan) -> EvalTransform:
+    """The validation transform of `plan.data` (resize, center crop, normalize), without reading the data root."""
+    data = plan.section("data")
     crop_pct = data.get("crop_pct", inspect.signature(DATASETS.get(data["name"])).parameters["crop_pct"].default)
     return EvalTransform(int(data["img_size"]), float(crop_pct))
 
 
-def build_tracker(cfg: DictConfig) -> Tracker:
-    """The experiment tracker of `cfg.tracking` (MLflow or none); with hardware.shared_dir set and no tracking.uri,
-    the store is `<shared_dir>/mlflow.db`, which every node and every rerun finds."""
-    import_user_components(cfg)
-    tracking = node(cfg, "tracking")
-    shared = OmegaConf.select(cfg, "hardware.shared_dir")
-    if shared and "uri" in tracking and tracking["uri"] is None:
-        tracking["uri"] = f"sqlite:///{Path(shared).resolve() / 'mlflow.db'}"
-    return TRACKERS.build(tracking)
+def _data_and_augment(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`plan.data` split into the dataset's builder kwargs and its `augment` node."""
+    data = plan.section("data")
+    return data, data.pop("augment", None) or {"name": "none"}
 
 
-def data_node(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`cfg.data` split into the dataset's builder kwargs and its `augment` node."""
-    data_cfg = node(cfg, "data")
-    return data_cfg, data_cfg.pop("augment", None) or {"name": "none"}
-
-
-def build_data_spec(cfg: DictConfig) -> DataSpec:
-    """The dataset of `cfg.data`: file lists and loader settings (reads the folders; synthetic data is drawn)."""
-    return DATASETS.build(data_node(cfg)[0])
-
-
-def check_config(cfg: DictConfig, backend: bool = True) -> None:
-    """Every check that needs no file, network, model or data: trainer, hardware backend, amp on that hardware, the
-    data keys and that its root exists. Runs before a tracker store is opened, a model is built, or msrun starts
-    workers.
-
-    Args:
-        backend: also check that this MindSpore build can run hardware.device_target (not for a dry run).
-    """
-    trainer_cfg(cfg)
-    hw = hardware_cfg(cfg)
-    if backend:
-        hardware.check_backend(hw)
-    check_amp_on_hardware(build_amp(cfg), hw)
-    check_data_args(data_node(cfg)[0])
-    model = node(cfg, "model")
-    if {"img_size", "patch_size", "window_size", "depths"} <= model.keys():  # a Swin: its maps must fit the image
-        try:
-            check_resolution(model["img_size"], model["patch_size"], model["window_size"], len(model["depths"]))
-        except ConfigError as err:
-            raise _naming_the_followed_key(cfg, err) from err
+def build_data_spec(plan: Plan) -> DataSpec:
+    """The dataset of `plan.data`: file lists and loader settings (reads the folders; synthetic data is drawn)."""
+    return DATASETS.build(_data_and_augment(plan)[0])
 
 
 def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:
@@ -202,18 +134,14 @@ def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:
                           "bfloat16 kernels; use amp.dtype=float16 there, or hardware.chip=ascend910b on a 910B")
 
 
-def total_batch_size(cfg: DictConfig, batch_size: int) -> int:
+def total_batch_size(plan: Plan, batch_size: int) -> int:
     """Images per optimizer step: per-device batch x devices x nodes x accumulation steps."""
-    hw = cfg.hardware
-    return batch_size * int(hw.num_devices) * int(hw.num_nodes) * trainer_cfg(cfg).accumulation_steps
+    return batch_size * world_size(plan.hardware) * plan.trainer.accumulation_steps
 
 
-def build_optimization(cfg: DictConfig, model: nn.Cell, steps_per_epoch: int,
+def build_optimization(plan: Plan, model: nn.Cell, steps_per_epoch: int,
                        total_batch: int) -> tuple[nn.Optimizer, np.ndarray]:
     """The optimizer over `model` and its per-optimizer-step LR schedule over trainer.epochs.
-
-    Every LR of the schedule (warmup start, peak, floor) is scaled alike by total_batch / trainer.lr_batch_size,
-    as in the official Swin main.py.
 
     Args:
         model: The network (already cast by its amp policy).
@@ -223,38 +151,35 @@ def build_optimization(cfg: DictConfig, model: nn.Cell, steps_per_epoch: int,
     Returns:
         The optimizer, which indexes the schedule with its own step counter, and the schedule itself.
     """
-    schedule = build_schedule(cfg, trainer_cfg(cfg), total_batch, steps_per_epoch)
-    return OPTIMIZERS.build({**node(cfg, "optimizer"), "lr": Tensor(schedule)}, model=model), schedule
+    schedule = build_schedule(plan, total_batch, steps_per_epoch)
+    return OPTIMIZERS.build({**plan.section("optimizer"), "lr": Tensor(schedule)}, model=model), schedule
 
 
-def build_schedule(cfg: DictConfig, trainer: TrainerCfg, total_batch: int, steps_per_epoch: int) -> np.ndarray:
+def build_schedule(plan: Plan, total_batch: int, steps_per_epoch: int) -> np.ndarray:
     """The LR of every optimizer step of all trainer.epochs (also when trainer.stop_after_epoch ends the run early).
 
     Every LR of the schedule (warmup start, peak, floor) scales by total_batch / trainer.lr_batch_size alike, as in
     the official Swin main.py.
     """
-    scale = lr_scale(total_batch, trainer.lr_batch_size)
-    return scale * SCHEDULERS.build(node(cfg, "scheduler"), base_lr=float(node(cfg, "optimizer")["lr"]),
-                                    epochs=trainer.epochs, steps_per_epoch=steps_per_epoch)
+    scale = lr_scale(total_batch, plan.trainer.lr_batch_size)
+    return scale * SCHEDULERS.build(plan.section("scheduler"), base_lr=float(plan.section("optimizer")["lr"]),
+                                    epochs=plan.trainer.epochs, steps_per_epoch=steps_per_epoch)
 
 
-def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experiment:
-    """Build model, data, optimizer and schedule (and the tracker unless given), cheapest checks first.
+def build_experiment(plan: Plan, tracker: Tracker | None = None) -> Experiment:
+    """Build model, data, optimizer and schedule, cheapest first; `tracker` (default: none) is what the loop logs to.
 
-    Every check of `check_config` runs before the tracker opens its store and before the model is built. A
-    `data.num_classes: null` is set to the number of classes the dataset found, in `cfg` itself, so the model head
-    and the saved config agree with it.
+    A `data.num_classes: null` becomes the number of classes the dataset found, in the returned experiment's
+    `plan` (and every model key that follows it), so the model head and the saved config agree with it.
     """
-    import_user_components(cfg)
-    check_config(cfg)  # reads no file: a wrong root fails before the model costs seconds to build
-    trainer, amp = trainer_cfg(cfg), build_amp(cfg)
-    data_cfg, augment_cfg = data_node(cfg)
-    tracker = tracker if tracker is not None else build_tracker(cfg)
-    counted = "num_classes" in cfg.data and cfg.data.num_classes is None  # null: count the class folders
+    trainer, amp = plan.trainer, build_amp(plan)
+    data_cfg, augment_cfg = _data_and_augment(plan)
+    tracker = tracker if tracker is not None else NullTracker()
+    counted = "num_classes" in data_cfg and data_cfg["num_classes"] is None  # null: count the class folders
     spec = DATASETS.build(data_cfg) if counted else None  # otherwise the model's checks run before any file is read
     if counted:
-        cfg.data.num_classes = spec.num_classes  # for the model's ${data.num_classes} and the saved config.yaml
-    model = amp.apply(build_model(cfg))
+        plan = plan.with_values({"data.num_classes": spec.num_classes})
+    model = amp.apply(build_model(plan))
     spec = spec or DATASETS.build(data_cfg)
     head = getattr(model, "num_classes", spec.num_classes)
     if head != spec.num_classes:
@@ -264,17 +189,17 @@ def build_experiment(cfg: DictConfig, tracker: Tracker | None = None) -> Experim
         )
     augment = AUGMENTS.build(augment_cfg, img_size=spec.img_size, num_classes=spec.num_classes,
                              label_smoothing=trainer.label_smoothing)
-    shards, shard_id = (world_size(cfg.hardware), rank()) if is_worker() else (1, 0)  # one shard per msrun worker
-    train_loader, val_loader = build_loaders(spec, augment.transform, int(cfg.seed), augment.targets, shards, shard_id)
+    shards, shard_id = (world_size(plan.hardware), rank()) if is_worker() else (1, 0)  # one shard per msrun worker
+    train_loader, val_loader = build_loaders(spec, augment.transform, plan.seed, augment.targets, shards, shard_id)
     batches = len(train_loader) if trainer.limit_train_batches is None else min(len(train_loader),
                                                                                 trainer.limit_train_batches)
     steps = batches // trainer.accumulation_steps  # optimizer steps; a last incomplete window is dropped
     if steps == 0:
         raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} exceeds the {batches} train "
                           "batches of an epoch; lower it or raise trainer.limit_train_batches / the data size")
-    total_batch = total_batch_size(cfg, spec.batch_size)
-    optimizer, schedule = build_optimization(cfg, model, steps, total_batch)
-    hw = hardware_cfg(cfg)
+    total_batch = total_batch_size(plan, spec.batch_size)
+    optimizer, schedule = build_optimization(plan, model, steps, total_batch)
+    hw = plan.hardware
     return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
-                      total_batch=total_batch, overflow_check=overflow.resolve(hw.overflow_check, hw.device_target,
-                                                                               hw.chip))
+                      total_batch=total_batch, plan=plan,
+                      overflow_check=overflow.resolve(hw.overflow_check, hw.device_target, hw.chip))

@@ -1,20 +1,27 @@
-"""Typed schemas for the groups swinexp's own code reads (trainer, hardware), stored in Hydra's ConfigStore.
+"""Typed schemas for the groups swinexp's own code reads (trainer, hardware), stored in Hydra's ConfigStore, and
+`Plan`: the composed config as frozen plain values, the one thing that crosses from the door (`swinexp.app`) into
+`build` and everything below it. `read` is the only place outside `swinexp.app` that touches OmegaConf.
 
 Component groups (model, data, data/augment, amp, optimizer, scheduler, tracking) are not typed here: their keys are
 checked against the registered builder's signature instead, so every field is written once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Optional
+from types import MappingProxyType
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from swinexp.registry import ConfigError
+
 
 def resource_dir(name: str) -> Path:
-    """`conf` or `sweeps`: inside the package when installed from a wheel (`swinexp/_conf`, mapped at build time),
+    """`conf`: inside the package when installed from a wheel (`swinexp/_conf`, mapped at build time),
     else the repository's top-level folder (a checkout, or an editable install that reads the checkout)."""
     package = Path(__file__).resolve().parent
     packaged = package / f"_{name}"
@@ -22,7 +29,6 @@ def resource_dir(name: str) -> Path:
 
 
 CONF_DIR = resource_dir("conf")      # the one place code finds the config groups
-SWEEPS_DIR = resource_dir("sweeps")
 ACCUMULATE_ON = ("device", "cpu")    # trainer.accumulate_on: where the accumulate/clear ops run
 
 
@@ -94,6 +100,149 @@ class HardwareCfg:
     node_sync_timeout_s: float = 300.0          # multi-node: how long nodes wait for each other in the shared run dir
 
 
+Composed = DictConfig  # what Hydra composes; only swinexp.app and `read` below hold one
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The composed config, resolved to plain values and typed where swinexp reads fields; `build.resolve` validates it.
+
+    Sections are read-only mappings (`section(name)` hands a builder its own mutable copy); `values` is the whole
+    config, as logged to MLflow and written to config.yaml. `follows` names the model keys written as a data key
+    (`model.num_classes: ${data.num_classes}`), so an error can name the key to change and a counted class number
+    reaches both.
+    """
+
+    values: Mapping[str, Any]
+    trainer: TrainerCfg
+    hardware: HardwareCfg
+    follows: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def seed(self) -> int:
+        return int(self.values["seed"])
+
+    @property
+    def imports(self) -> tuple[str, ...]:
+        return tuple(self.values.get("imports") or ())
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A group's values as a fresh plain dict (lists, not tuples): builder kwargs to pop and pass on."""
+        value = self.values.get(name)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config group '{name}' is missing; add it to the defaults list or pass {name}=<option>")
+        return thaw(value)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """The value at 'data.img_size', or `default` where a key on the way is absent."""
+        node: Any = self.values
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return default
+            node = node[part]
+        return thaw(node)
+
+    def with_values(self, changes: Mapping[str, Any]) -> Plan:
+        """A plan with dotted keys set ({"data.num_classes": 10}), and every model key that follows one of them."""
+        values = thaw(self.values)
+        for dotted, value in changes.items():
+            for key in (dotted, *(k for k, source in self.follows.items() if source == dotted)):
+                *parents, leaf = key.split(".")
+                node = values
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = value
+        trainer = _typed(TrainerCfg, values.get("trainer") or {})
+        hardware = _typed(HardwareCfg, values.get("hardware") or {})
+        return replace(self, values=freeze(values), trainer=trainer, hardware=hardware)
+
+
+def compose(overrides: Sequence[str] = ()) -> Composed:
+    """run.py's composed config for `overrides`, for tools that are not a Hydra app (self-check, parity, benchmarks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def read(cfg: Composed) -> Plan:
+    """The composed config as a Plan of plain values; a mandatory value left at ??? is named with the way to set it."""
+    try:
+        values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except Exception as err:  # omegaconf's MissingMandatoryValue / InterpolationResolutionError name the key
+        key = getattr(err, "full_key", "") or "<key>"
+        raise ConfigError(f"{err}. Set it on the command line, e.g. {key}=...") from err
+    return Plan(freeze(values), _typed(TrainerCfg, values.get("trainer") or {}),
+                _typed(HardwareCfg, values.get("hardware") or {}), MappingProxyType(_followed_keys(cfg)))
+
+
+def _followed_keys(cfg: Composed) -> dict[str, str]:
+    """{"model.num_classes": "data.num_classes"} for each model key written as an interpolation of a data key."""
+    model = cfg.get("model")
+    if not isinstance(model, DictConfig):
+        return {}
+    written = OmegaConf.to_container(model, resolve=False)
+    follows = {}
+    for key, value in written.items():
+        if OmegaConf.is_interpolation(model, key) and (source := re.search(r"data\.[\w.]+", str(value))):
+            follows[f"model.{key}"] = source.group(0)
+    return follows
+
+
+def _typed(schema: type, values: Mapping[str, Any]) -> Any:
+    """A schema dataclass from plain values (nested schemas too); keys the schema lacks are refused by name."""
+    known = {f.name: f for f in fields(schema)}
+    if unknown := [k for k in values if k not in known]:
+        raise ConfigError(f"{schema.__name__} has no key {unknown[0]!r}; check the spelling against "
+                          f"{', '.join(known)}")
+    nested = {f.name: f.default_factory for f in fields(schema) if callable(f.default_factory)}
+    kwargs = {k: _typed(type(nested[k]()), v) if k in nested and isinstance(v, Mapping) else thaw(v)
+              for k, v in values.items()}
+    return schema(**kwargs)
+
+
+def freeze(value: Any) -> Any:
+    """Read-only mappings and tuples all the way down."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Plain dicts and lists again (what a builder or a YAML writer expects)."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value
+
+
+def saved(config: Mapping[str, Any] | Path, overrides: Sequence[str] = ()) -> Plan:
+    """A run's config.yaml (resolved, untyped; or its path) typed again like a composed config, with `key=value`
+    overrides, as a Plan (not validated: `build.resolve` does that where a job needs more than the model).
+
+    Raises:
+        ConfigError: an override is not `key=value`, or names a trainer/hardware key the schema lacks.
+    """
+    if bad := [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]:
+        raise ConfigError(f"overrides must be key=value, e.g. data.root=/data/val_set; got {bad}")
+    config = OmegaConf.load(config) if isinstance(config, Path) else OmegaConf.create(thaw(config))
+    for group, schema in (("trainer", TrainerCfg), ("hardware", HardwareCfg)):  # a config.yaml of an older swinexp
+        known = {f.name for f in fields(schema)}
+        for key in [k for k in (config.get(group) or {}) if k not in known]:
+            del config[group][key]
+    typed = OmegaConf.create({"trainer": OmegaConf.structured(TrainerCfg),
+                              "hardware": OmegaConf.structured(HardwareCfg)})
+    try:
+        merged = OmegaConf.merge(typed, config, OmegaConf.from_dotlist(list(overrides)))
+    except Exception as err:  # omegaconf's ConfigKeyError / ValidationError name the key
+        raise ConfigError(f"{err}; check the override against the run's config.yaml") from err
+    return read(merged)
+
+
 def load_option(group_dir: Path, name: str) -> DictConfig:
     """`<group_dir>/<name>.yaml` merged over the sibling options its `defaults:` list extends (e.g. `- base_swin`),
     as Hydra composes it; for code that needs one option's values outside a composed run (create_model, the bench).
@@ -103,61 +252,12 @@ def load_option(group_dir: Path, name: str) -> DictConfig:
     return OmegaConf.merge(*(load_option(group_dir, base) for base in bases), node)
 
 
-def register_resolvers() -> None:
-    """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed;
-    `${swinexp.help_groups:}`, the config groups `--help` lists; `${swinexp.slurm_node_rank:0}` and
-    `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default; `${swinexp.min:a,b}`, e.g. a
-    screen that stops at epoch 10 or at the end of a shorter run; `${swinexp.modelarts:node_rank,0}`: ModelArts'
-    values (runtime/modelarts.py), else the default; `${swinexp.under:root,path}`: root/path, or path if root is
-    null."""
-    if not OmegaConf.has_resolver("swinexp.help_groups"):
-        OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
-    if not OmegaConf.has_resolver("swinexp.floordiv"):
-        OmegaConf.register_new_resolver("swinexp.floordiv", lambda a, b: int(a) // int(b))
-    if not OmegaConf.has_resolver("swinexp.slurm_node_rank"):  # multi-node presets inside a SLURM job
-        from swinexp.runtime import slurm
-
-        OmegaConf.register_new_resolver("swinexp.slurm_node_rank", lambda default: slurm.node_rank(int(default)))
-        OmegaConf.register_new_resolver("swinexp.slurm_master_addr", lambda default: slurm.master_addr(str(default)))
-    if not OmegaConf.has_resolver("swinexp.min"):
-        OmegaConf.register_new_resolver("swinexp.min", lambda a, b: min(int(a), int(b)))
-    if not OmegaConf.has_resolver("swinexp.modelarts"):  # hardware=modelarts_ascend8: the platform's values
-        from swinexp.runtime import modelarts
-
-        OmegaConf.register_new_resolver("swinexp.modelarts", modelarts.value)
-    if not OmegaConf.has_resolver("swinexp.under"):  # hydra.run.dir below hardware.shared_dir when it is set
-        OmegaConf.register_new_resolver("swinexp.under", lambda root, path: f"{root}/{path}" if root else path)
+def option_values(group_dir: Path, name: str) -> dict[str, Any]:
+    """`load_option` as plain resolved values."""
+    return OmegaConf.to_container(load_option(group_dir, name), resolve=True)
 
 
 def register_schemas() -> None:
     cs = ConfigStore.instance()
     cs.store(group="trainer", name="base_trainer", node=TrainerCfg)
     cs.store(group="hardware", name="base_hardware", node=HardwareCfg)
-
-
-def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
-    """Offer each `sweeps/<name>.yaml` as `+sweep=<name>` (a global-package config that sets the sweep params)."""
-    cs = ConfigStore.instance()
-    for path in sorted(Path(directory).glob("*.yaml")):
-        cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
-
-
-HIDDEN_GROUPS = ("model/formulation",)  # chosen by the hardware preset, not by the user
-SCHEMA_PREFIX = "base_"                 # typed schemas (base_trainer, ...) that presets extend, not options to pick
-
-
-def help_groups() -> str:
-    """`group: option, ...` lines for `--help`: the user-facing groups of the running Hydra app, with the options of
-    every config directory on its search path (`-cd` included), without schemas or internal groups."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    hydra = GlobalHydra.instance().hydra
-    assert hydra is not None, "help_groups is resolved by Hydra's --help, inside a running app"
-    lines = []
-    for group in sorted(hydra.list_all_config_groups()):
-        if group.split("/")[0] == "hydra" or group in HIDDEN_GROUPS:
-            continue
-        options = [o for o in sorted(hydra.config_loader.get_group_options(group)) if not o.startswith(SCHEMA_PREFIX)]
-        if options:
-            lines.append(f"{group}: {', '.join(options)}")
-    return "\n".join(lines)

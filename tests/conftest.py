@@ -63,7 +63,8 @@ class TrainedRun:
 def trained_run(tmp_path_factory: pytest.TempPathFactory, synthetic_root: Path) -> TrainedRun:
     """One smoke run logged to MLflow with every issue-17 option on (steps, both checkpoints, fast system metrics),
     shared by the tests that read a run back, resume it or export/predict/evaluate from its run dir."""
-    from swinexp.app.job import JobInfo, run
+    from swinexp.app.job import run
+    from swinexp.app.job_info import JobInfo
 
     root = tmp_path_factory.mktemp("trained")
     uri = f"sqlite:///{root}/mlflow.db"

@@ -17,8 +17,9 @@ from omegaconf import DictConfig
 
 from swinexp.amp import AmpPolicy, overflow
 from swinexp.amp.overflow import FiniteCheck, SaturatingDevice
-from swinexp.app.job import JobInfo, run
-from swinexp.build import build_amp, build_experiment
+from swinexp.app.job import run
+from swinexp.app.job_info import JobInfo
+from swinexp.build import build_amp, build_experiment, resolve
 from swinexp.config import HardwareCfg
 from swinexp.engine import loop
 from swinexp.engine.step import TrainStep, make_train_step, read_all
@@ -119,7 +120,7 @@ def test_a_card_other_than_the_configured_one_is_refused() -> None:
 def test_every_policy_pins_keep_origin_dtype_on_ascend(compose: Callable[..., DictConfig], amp: str) -> None:
     cfg = compose(f"amp={amp}")
     assert cfg.amp.ascend_precision_mode == "must_keep_origin_dtype"  # so it is an MLflow param of every run
-    assert build_amp(cfg).ascend_precision_mode == "must_keep_origin_dtype"
+    assert build_amp(resolve(cfg)).ascend_precision_mode == "must_keep_origin_dtype"
 
 
 def test_o0_refuses_a_mode_that_computes_fp32_in_fp16() -> None:
@@ -205,8 +206,8 @@ def test_reads_the_device_only_at_read_points(compose: Callable[..., DictConfig]
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Between the loop's read points (every trainer.log_every_n_steps optimizer steps, checkpoints, epoch ends) a
     micro-batch causes no device->host copy: the host can queue the next step while the device runs this one."""
-    exp = build_experiment(compose("trainer.limit_train_batches=6", "trainer.log_every_n_steps=4",
-                                   "trainer.accumulation_steps=1", "trainer.epochs=1", "model.drop_path_rate=0.1"))
+    exp = build_experiment(resolve(compose("trainer.limit_train_batches=6", "trainer.log_every_n_steps=4",
+                                   "trainer.accumulation_steps=1", "trainer.epochs=1", "model.drop_path_rate=0.1")))
     syncs: list[str] = []
 
     def counted(name: str, original: Callable[..., object]) -> Callable[..., object]:

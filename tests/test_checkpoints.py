@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp.app.job import NonFiniteLoss, fit
-from swinexp.build import build_experiment, node
+from swinexp.build import build_experiment, resolve
 from swinexp.engine import checkpoint
+from swinexp.engine.loop import NonFiniteLoss, fit
 from swinexp.engine.resume import Progress, check_compatible, locate
 from swinexp.optim import adamw
 from swinexp.registry import MODELS, ConfigError
@@ -23,7 +23,7 @@ from swinexp.runtime import hardware
 
 @pytest.fixture
 def model(compose: Callable[..., DictConfig]) -> ms.nn.Cell:
-    return MODELS.build(node(compose("model.depths=[1,1]"), "model"))
+    return MODELS.build(resolve(compose("model.depths=[1,1]")).section("model"))
 
 
 def _save_series(directory: Path, model: ms.nn.Cell, steps: list[int], keep_last: int = 5) -> checkpoint.Checkpointer:
@@ -100,7 +100,7 @@ def test_non_finite_losses_stop_the_run_with_the_last_good_state(compose: Callab
     cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3",
                   "trainer.log_every_n_steps=1")
     hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
-    exp = build_experiment(cfg)
+    exp = build_experiment(resolve(cfg))
     exp = dataclasses.replace(exp, train_loader=_PoisonedLoader(exp.train_loader, after=2))
     with pytest.raises(NonFiniteLoss, match=r"not finite for 3 micro-batches in a row .* batch 5, optimizer step 5 "
                                             r"\(amp O0\)"):
@@ -121,7 +121,7 @@ def test_non_finite_losses_between_read_points_stop_the_run_at_the_next_read(com
     cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3",
                   "trainer.log_every_n_steps=4")
     hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
-    exp = build_experiment(cfg)
+    exp = build_experiment(resolve(cfg))
     exp = dataclasses.replace(exp, train_loader=_PoisonedLoader(exp.train_loader, after=2))
     with pytest.raises(NonFiniteLoss, match=r"by epoch 1, batch 5, optimizer step 5; the host saw it at its next "
                                             r"read of the step outputs, batch 8, optimizer step 8 "

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from swinexp.build import node
+from swinexp.build import resolve
 from swinexp.data import AUGMENTS, DATASETS, build_loaders
 from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import evaluate
@@ -80,10 +80,10 @@ def test_run_logs_to_mlflow_and_writes_loadable_checkpoints(tmp_path: Path) -> N
 
     # The last checkpoint, loaded into a fresh model built from the saved config, reproduces the logged val/top1.
     cfg = OmegaConf.load(run_dir / "config.yaml")
-    model = MODELS.build(node(cfg, "model"))
+    model = MODELS.build(resolve(cfg).section("model"))
     meta = checkpoint.load(run_dir / "checkpoints" / "last.ckpt", model)
     assert meta["epoch"] == 2 and meta["mlflow_run_id"] == run.info.run_id
-    data_cfg = {k: v for k, v in node(cfg, "data").items() if k != "augment"}
+    data_cfg = {k: v for k, v in resolve(cfg).section("data").items() if k != "augment"}
     spec = DATASETS.build(data_cfg)
     _, val = build_loaders(spec, AUGMENTS.build({"name": "none"}, img_size=spec.img_size), seed=0)
     assert evaluate(model, val.epoch(0))["val/top1"] == pytest.approx(history[-1].value, abs=1e-4)

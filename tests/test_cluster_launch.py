@@ -14,16 +14,18 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp.app.job import dry_run_report
-from swinexp.config import HardwareCfg
+from swinexp.app.dry_run import dry_run_report
+from swinexp.build import resolve
+from swinexp.config import HardwareCfg, read
 from swinexp.registry import ConfigError
-from swinexp.runtime import launch, modelarts, node_sync, rank_table
+from swinexp.runtime import launch, node_sync, rank_table
 from swinexp.runtime.watchdog import launched_processes
 from tests.conftest import ROOT, SMOKE
 
@@ -89,15 +91,14 @@ def test_rank_table_file_missing_unreadable_or_out_of_rank_order(tmp_path: Path)
 def test_the_ranktable_preset_reads_rank_table_file_and_the_dry_run_shows_it(
         compose: Callable[..., DictConfig], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RANK_TABLE_FILE", _table(tmp_path / "hccl.json", ["127.0.0.1"], devices=8))
-    cfg = compose("hardware=ascend8_ranktable")
-    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
-    report = dry_run_report(cfg, hw, ["hardware=ascend8_ranktable"], tmp_path)
+    plan = resolve(compose("hardware=ascend8_ranktable"))
+    report = dry_run_report(plan, ["hardware=ascend8_ranktable"], tmp_path)
     assert f"rank table {tmp_path / 'hccl.json'}: 1 server(s) x 8 device(s); this host is server 0" in report
     assert f"--join=True --rank_table_file={tmp_path / 'hccl.json'} " in report
     monkeypatch.delenv("RANK_TABLE_FILE")
-    unset: HardwareCfg = OmegaConf.to_object(compose("hardware=ascend8_ranktable").hardware)
+    unset = read(compose("hardware=ascend8_ranktable")).hardware
     with pytest.raises(ConfigError, match="export RANK_TABLE_FILE"):
-        dry_run_report(cfg, unset, [], tmp_path)
+        dry_run_report(replace(plan, hardware=unset), [], tmp_path)
 
 
 def test_modelarts_variables_place_the_node_and_elect_one_copy_per_node(
@@ -107,11 +108,11 @@ def test_modelarts_variables_place_the_node_and_elect_one_copy_per_node(
         monkeypatch.setenv(name, value)
     hw: HardwareCfg = OmegaConf.to_object(compose("hardware=modelarts_ascend8").hardware)
     assert (hw.num_nodes, hw.node_rank, hw.num_devices, hw.master_addr) == (2, 1, 8, "job-worker-0.svc")
-    assert modelarts.not_the_launcher(hw) is None  # no card variable: the platform started one copy per node
+    assert launch.not_the_launcher(hw) is None  # no card variable: the platform started one copy per node
     monkeypatch.setenv("DEVICE_ID", "8")  # a second node's card numbering also elects its card 0
-    assert modelarts.not_the_launcher(hw) is None
+    assert launch.not_the_launcher(hw) is None
     monkeypatch.setenv("DEVICE_ID", "3")
-    assert modelarts.not_the_launcher(hw) == ("modelarts: this copy (DEVICE_ID=3) does not launch; on node 1 the "
+    assert launch.not_the_launcher(hw) == ("modelarts: this copy (DEVICE_ID=3) does not launch; on node 1 the "
                                               "copy with DEVICE_ID % 8 == 0 starts msrun for the node's 8 card(s)")
     given: HardwareCfg = OmegaConf.to_object(compose("hardware=modelarts_ascend8", "hardware.node_rank=0").hardware)
     assert given.node_rank == 0  # the command line wins over the platform
@@ -121,14 +122,15 @@ def test_shared_dir_holds_the_default_run_dir_and_mlflow_store(tmp_path: Path) -
     from hydra import compose as compose_cfg
     from hydra import initialize_config_dir
 
-    from swinexp.build import build_tracker
+    from swinexp.tracking import open_tracker
     from tests.conftest import CONF_DIR
 
     overrides = ["tracking=mlflow", f"hardware.shared_dir={tmp_path / 'obs'}"]
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose_cfg("config", overrides=overrides, return_hydra_config=True)
     assert str(cfg.hydra.run.dir).startswith(f"{tmp_path / 'obs'}/outputs/")
-    assert build_tracker(cfg).server_uri == f"sqlite:///{tmp_path / 'obs' / 'mlflow.db'}"
+    tracking = OmegaConf.to_container(cfg.tracking, resolve=True)
+    assert open_tracker(tracking, cfg.hardware.shared_dir).server_uri == f"sqlite:///{tmp_path / 'obs' / 'mlflow.db'}"
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         local = compose_cfg("config", overrides=["tracking=mlflow"], return_hydra_config=True)
     assert str(local.hydra.run.dir).startswith("outputs/")  # unset: as before

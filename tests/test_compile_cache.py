@@ -11,6 +11,7 @@ from pathlib import Path
 import mindspore as ms
 import pytest
 
+from swinexp.build import resolve
 from swinexp.registry import ConfigError
 from swinexp.runtime import compile_cache
 from tests.conftest import ROOT, SMOKE
@@ -46,18 +47,18 @@ def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic
 
 
 def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compose) -> None:
-    key = compile_cache.cache_key(compose())
+    key = compile_cache.cache_key(resolve(compose()))
     for host_only in ("seed=3", "data/augment=swin", "tracking=mlflow", "trainer.label_smoothing=0.2",
                       "trainer.checkpoint.keep_last=5"):
-        assert compile_cache.cache_key(compose(host_only)) == key, host_only
+        assert compile_cache.cache_key(resolve(compose(host_only))) == key, host_only
     for graph in ("trainer.clip_grad=1.0", "data.batch_size=4", "amp=o2", "model.qkv=fused",
                   "optimizer.weight_decay=0.01", "trainer.accumulation_steps=2"):
-        assert compile_cache.cache_key(compose(graph)) != key, graph
+        assert compile_cache.cache_key(resolve(compose(graph))) != key, graph
 
 
 def test_off_by_default_and_leaves_mindspores_cache_alone(compose, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
-    assert compile_cache.enable(compose()) is None
+    assert compile_cache.enable(resolve(compose())) is None
     assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
 
 
@@ -67,7 +68,7 @@ def test_a_process_without_an_entry_script_is_told_what_to_run(compose, tmp_path
     monkeypatch.setattr(ms.graph.api, "entry_script_path", str(tmp_path / "-c"))
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
     with pytest.raises(ConfigError, match="python run.py"):
-        compile_cache.enable(compose("hardware.compile_cache=true", f"hardware.compile_cache_dir={tmp_path}"))
+        compile_cache.enable(resolve(compose("hardware.compile_cache=true", f"hardware.compile_cache_dir={tmp_path}")))
     assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
 
 

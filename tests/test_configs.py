@@ -12,8 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 
 from swinexp import REGISTRIES
-from swinexp.build import build_experiment, node, trainer_cfg
-from swinexp.config import load_option
+from swinexp.build import build_experiment, check_trainer, resolve
+from swinexp.config import load_option, read
 from swinexp.registry import ConfigError
 from swinexp.runtime import hardware
 from tests.conftest import CONF_DIR
@@ -50,7 +50,7 @@ def test_yaml_mirrors_builder_parameters_one_to_one(group: str, option: str) -> 
 @pytest.mark.parametrize("group,option", group_options())
 def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: str, option: str,
                                     tmp_path: Path) -> None:
-    overrides, smoke = [f"{'+' if group == 'model/rewrites' else ''}{group}={option}"], True
+    overrides, smoke = [f"{group}={option}"], True
     if group == "model/formulation":  # chosen by the hardware presets, not directly
         overrides = [f"hardware={ {'cpu': 'cpu', 'ascend': 'ascend8', 'gpu': 'gpu8'}[option] }"]
     if group == "experiment":
@@ -70,33 +70,34 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
         overrides.append(f"tracking.uri=sqlite:///{tmp_path}/mlflow.db" if option == "mlflow" else "")
     cfg = compose(*[o for o in overrides if o], smoke=smoke)
     if group == "trainer":
-        assert trainer_cfg(cfg).epochs >= 1
+        check_trainer(read(cfg).trainer)
+        assert read(cfg).trainer.epochs >= 1
     elif group == "hardware":
         hardware.validate(OmegaConf.to_object(cfg.hardware))
     elif group == "data/augment":
-        transform = REGISTRIES[group].build(node(cfg, "data.augment"), img_size=32)
+        transform = REGISTRIES[group].build(read(cfg).section("data")["augment"], img_size=32)
         out = transform(Image.new("RGB", (40, 30)), np.random.default_rng(0))
         assert out.shape == (3, 32, 32) and out.dtype == np.float32
     elif group == "optimizer":
-        assert isinstance(REGISTRIES[group].build(node(cfg, group), model=_tiny_model()), nn.Optimizer)
+        assert isinstance(REGISTRIES[group].build(read(cfg).section(group), model=_tiny_model()), nn.Optimizer)
     elif group == "scheduler":
-        lr = REGISTRIES[group].build(node(cfg, group), base_lr=1e-3, epochs=3, steps_per_epoch=4)
+        lr = REGISTRIES[group].build(read(cfg).section(group), base_lr=1e-3, epochs=3, steps_per_epoch=4)
         assert lr.shape == (12,) and lr.max() <= 1e-3 + 1e-9
     elif group == "experiment":  # a global preset: it must compose and its model must fit its data
-        model = REGISTRIES["model"].build(node(cfg, "model"))
+        model = REGISTRIES["model"].build(read(cfg).section("model"))
         assert model.num_classes == cfg.data.num_classes
     elif group in ("model/rewrites", "model/formulation"):  # a preset of model switches, merged into `model`
         preset = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
         assert all(cfg.model[k] == v for k, v in preset.items() if k != "defaults")
-        assert REGISTRIES["model"].build(node(cfg, "model")) is not None
-    elif group == "hparams_search":  # every searched key is a key of the composed config
-        searched = OmegaConf.load(CONF_DIR / group / f"{option}.yaml").hydra.sweeper.params
-        assert searched and all(OmegaConf.select(cfg, key) is not None for key in searched)
+        assert REGISTRIES["model"].build(read(cfg).section("model")) is not None
+    elif group in ("hparams_search", "sweep"):  # every searched or swept key is a key or a group of the config
+        swept = OmegaConf.load(CONF_DIR / group / f"{option}.yaml").hydra.sweeper.params
+        assert swept and all(OmegaConf.select(cfg, key) is not None or (CONF_DIR / key).is_dir() for key in swept)
     elif group == "data":
-        spec = REGISTRIES[group].build({k: v for k, v in node(cfg, group).items() if k != "augment"})
+        spec = REGISTRIES[group].build({k: v for k, v in read(cfg).section(group).items() if k != "augment"})
         assert spec.num_classes == cfg.data.num_classes
     else:
-        assert REGISTRIES[group].build(node(cfg, group)) is not None
+        assert REGISTRIES[group].build(read(cfg).section(group)) is not None
 
 
 @pytest.mark.parametrize("preset,formulation", [("cpu", "cpu"), ("cpu2", "cpu"), ("ascend8", "ascend"),
@@ -106,7 +107,7 @@ def test_hardware_preset_picks_its_formulation_and_the_command_line_wins(
     switches = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "formulation" / f"{formulation}.yaml"))
     cfg = compose(f"hardware={preset}")
     assert {key: cfg.model[key] for key in switches} == switches
-    cfg = compose(f"hardware={preset}", "model.rel_pos_bias=onehot", "+model/rewrites=official")
+    cfg = compose(f"hardware={preset}", "model.rel_pos_bias=onehot", "model/rewrites=official")
     assert (cfg.model.qkv, cfg.model.patch_merging, cfg.model.rel_pos_bias) == ("fused", "slice", "onehot")
     assert cfg.model.custom_bprop == switches["custom_bprop"]
 
@@ -132,13 +133,13 @@ def test_model_follows_the_data(compose: Callable[..., DictConfig]) -> None:
 def test_unknown_model_key_names_key_and_component(compose: Callable[..., DictConfig]) -> None:
     with pytest.raises(ConfigError, match=r"model.embed_dims is not a parameter of model 'swin_micro'.*"
                                           r"Did you mean 'model.embed_dim'"):
-        build_experiment(compose("+model.embed_dims=64"))
+        build_experiment(resolve(compose("+model.embed_dims=64")))
 
 
 def test_missing_mandatory_data_root_says_how_to_set_it(compose: Callable[..., DictConfig]) -> None:
     cfg = compose("data=imagefolder", smoke=False)
     with pytest.raises(ConfigError, match=r"data.root"):
-        build_experiment(cfg)
+        build_experiment(resolve(cfg))
 
 
 def test_mistyped_trainer_key_fails_at_compose(compose: Callable[..., DictConfig]) -> None:
@@ -155,4 +156,4 @@ def test_bad_group_option_lists_the_available_options(compose: Callable[..., Dic
 
 def test_inconsistent_head_and_data_is_rejected(compose: Callable[..., DictConfig]) -> None:
     with pytest.raises(ConfigError, match="model.num_classes=7 but data 'synthetic' has 10 classes"):
-        build_experiment(compose("model.num_classes=7"))
+        build_experiment(resolve(compose("model.num_classes=7")))

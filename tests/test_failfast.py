@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 from omegaconf import DictConfig
 
-from swinexp.build import build_experiment
+from swinexp.build import build_experiment, resolve
 from swinexp.config import HardwareCfg
 from swinexp.models import swin
 from swinexp.registry import DATASETS, MODELS, ConfigError
@@ -64,25 +64,25 @@ def _dead_port() -> int:
 
 def test_accumulation_steps_below_one(compose: Callable[..., DictConfig], no_model: None) -> None:
     with pytest.raises(ConfigError, match=r"trainer.accumulation_steps=0 must be >= 1 \(1 = no accumulation\)"):
-        build_experiment(compose("trainer.accumulation_steps=0"))
+        build_experiment(resolve(compose("trainer.accumulation_steps=0")))
 
 
 def test_batch_size_below_one(compose: Callable[..., DictConfig], no_model: None, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"data.batch_size=0 must be >= 1 \(it is the per-device batch\)"):
-        build_experiment(compose("data.batch_size=0", f"data.root={tmp_path / 'synthetic'}"))
+        build_experiment(resolve(compose("data.batch_size=0", f"data.root={tmp_path / 'synthetic'}")))
     assert not (tmp_path / "synthetic").exists()  # the synthetic set was not generated
 
 
 def test_unknown_amp_policy_lists_the_policies(compose: Callable[..., DictConfig], no_model: None) -> None:
     with pytest.raises(ConfigError, match=r"amp.name='o4' is not a registered amp. Choose one of: o0, o1, o1_manual, "
                                           r"o2, o3"):
-        build_experiment(compose("amp.name=o4"))
+        build_experiment(resolve(compose("amp.name=o4")))
 
 
 @pytest.mark.skipif(_has_backend("GPU") or _has_backend("Ascend"), reason="this MindSpore has a bfloat16 backend")
 def test_bfloat16_on_cpu_says_which_dtype_works(compose: Callable[..., DictConfig], no_model: None) -> None:
     with pytest.raises(ConfigError, match=r"amp.dtype=bfloat16: .*CPU.*use amp.dtype=float16 on CPU"):
-        build_experiment(compose("amp=o2", "amp.dtype=bfloat16"))
+        build_experiment(resolve(compose("amp=o2", "amp.dtype=bfloat16")))
 
 
 def test_image_size_that_no_window_fits_names_the_data_key(compose: Callable[..., DictConfig],
@@ -91,18 +91,19 @@ def test_image_size_that_no_window_fits_names_the_data_key(compose: Callable[...
     with pytest.raises(ConfigError, match=r"model.img_size=48 does not fit patch_size=4, window_size=4 and 2 stages.*"
                                           r"Nearest valid model.img_size: 32 or 64. "
                                           r"model.img_size follows data.img_size: change that key instead"):
-        build_experiment(compose("data.img_size=48"))
+        build_experiment(resolve(compose("data.img_size=48")))
 
 
 def test_image_size_the_windows_shrink_to_is_accepted(compose: Callable[..., DictConfig], tmp_path: Path) -> None:
     # 16 px: 4x4 then 2x2 maps, both <= the window, which shrinks to the map (official rule): no error
-    assert build_experiment(compose("data.img_size=16", f"data.root={tmp_path / 'synthetic'}")).model.num_classes == 10
+    plan = resolve(compose("data.img_size=16", f"data.root={tmp_path / 'synthetic'}"))
+    assert build_experiment(plan).model.num_classes == 10
 
 
 def test_heads_that_do_not_divide_the_stage_width(compose: Callable[..., DictConfig], no_weights: None) -> None:
     with pytest.raises(ConfigError, match=r"model.num_heads\[0\]=3 does not divide the stage-0 width "
                                           r"embed_dim\*2\*\*0=32; choose a divisor of 32"):
-        build_experiment(compose("model.num_heads=[3,4]"))
+        build_experiment(resolve(compose("model.num_heads=[3,4]")))
 
 
 @pytest.mark.parametrize("override,message", [
@@ -112,21 +113,21 @@ def test_heads_that_do_not_divide_the_stage_width(compose: Callable[..., DictCon
 def test_impossible_cpu_settings(compose: Callable[..., DictConfig], no_model: None, override: str,
                                  message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        build_experiment(compose(override))
+        build_experiment(resolve(compose(override)))
 
 
 @pytest.mark.skipif(_has_backend("GPU"), reason="this MindSpore has a GPU backend")
 def test_gpu_preset_without_a_gpu_backend(compose: Callable[..., DictConfig], no_model: None) -> None:
     with pytest.raises(ConfigError, match=r"hardware.device_target='GPU' .* has no GPU backend .*hardware=cpu.*"
                                           r"dry_run=true"):
-        build_experiment(compose("hardware=gpu"))
+        build_experiment(resolve(compose("hardware=gpu")))
 
 
 def test_unreachable_tracking_server(compose: Callable[..., DictConfig], no_model: None, tmp_path: Path) -> None:
     uri = f"http://127.0.0.1:{_dead_port()}"
     with pytest.raises(ConfigError, match=rf"cannot reach the MLflow tracking server tracking.uri='{uri}'.*"
                                           r"tracking=none, or set tracking.on_unreachable=warn"):
-        build_experiment(compose("tracking=mlflow", f"tracking.uri={uri}"))
+        build_experiment(resolve(compose("tracking=mlflow", f"tracking.uri={uri}")))
     assert not (tmp_path / "mlflow-offline.db").exists() and not (tmp_path / "mlflow.db").exists()
 
 
@@ -181,7 +182,8 @@ def test_cli_data_root_that_does_not_exist(tmp_path: Path) -> None:
 def test_a_multi_worker_run_checks_its_config_before_msrun_starts(compose: Callable[..., DictConfig],
                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    override: str, message: str) -> None:
-    from swinexp.app.job import JobInfo, run
+    from swinexp.app.job import run
+    from swinexp.app.job_info import JobInfo
     from swinexp.runtime import launch
 
     monkeypatch.setattr(launch, "launch", _refuse("an msrun launch"))

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from safetensors import safe_open
 
 from swinexp.amp import AmpPolicy
-from swinexp.build import build_model, build_optimization
+from swinexp.build import build_model, build_optimization, resolve
 from swinexp.engine.step import make_train_step, soft_target_cross_entropy
 from swinexp.models import SwinTransformer, create_model
 from swinexp.models.convert import to_timm
@@ -111,9 +111,9 @@ def test_train_step_follows_the_official_recipe_trajectory(compose: Callable[...
                   f"scheduler.warmup_lr={r['warmup_lr']}", f"scheduler.min_lr={r['min_lr']}",
                   f"trainer.epochs={r['epochs']}", f"trainer.clip_grad={r['clip_grad']}",
                   f"trainer.accumulation_steps={r['accumulation_steps']}", f"data.batch_size={r['micro_batch']}")
-    model = build_model(cfg)
+    model = build_model(resolve(cfg))
     load_weights(model, _prefixed("init."), GOLDEN)
-    optimizer, schedule = build_optimization(cfg, model, r["steps_per_epoch"],
+    optimizer, schedule = build_optimization(resolve(cfg), model, r["steps_per_epoch"],
                                           r["micro_batch"] * r["accumulation_steps"])
     np.testing.assert_allclose(schedule[:r["steps"]], TENSORS["train.lrs"], rtol=1e-6)  # truncated warmup: 1 step
     step = make_train_step(model, optimizer, AmpPolicy("O0"), r["clip_grad"], jit=True,

@@ -93,7 +93,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
-    from swinexp.build import node
+    from swinexp.build import resolve
     from swinexp.data import DATASETS, build_loaders
     from swinexp.data.transforms import EvalTransform
     from swinexp.engine import checkpoint
@@ -121,9 +121,9 @@ def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
     # val/top1 is over the whole val set (both shards), not rank 0's half
     from omegaconf import OmegaConf
     cfg = OmegaConf.load(run_dir / "config.yaml")
-    model = MODELS.build(node(cfg, "model"))
+    model = MODELS.build(resolve(cfg).section("model"))
     checkpoint.load(run_dir / "checkpoints" / "last.ckpt", model)
-    spec = DATASETS.build({k: v for k, v in node(cfg, "data").items() if k != "augment"})
+    spec = DATASETS.build({k: v for k, v in resolve(cfg).section("data").items() if k != "augment"})
     _, val = build_loaders(spec, EvalTransform(spec.img_size, 1.0), seed=0)
     assert evaluate(model, val.epoch(0))["val/top1"] == pytest.approx(logged[-1].value, abs=1e-4)
 

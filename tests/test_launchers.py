@@ -21,10 +21,10 @@ import yaml
 from hydra import compose as compose_cfg
 from hydra import initialize_config_dir
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from swinexp.app.job import dry_run_report
-from swinexp.config import HardwareCfg
+from swinexp.app.dry_run import dry_run_report
+from swinexp.build import resolve
 from swinexp.registry import ConfigError
 from swinexp.runtime.devices import DevicePool, Slot, devices_per_job
 from swinexp.runtime.slurm import expand_nodelist
@@ -81,10 +81,10 @@ def test_multinode_dry_run_in_slurm_prints_each_nodes_msrun_command(
         compose: Callable[..., DictConfig], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SLURM_JOB_NODELIST", "ascend[07-08]")
     monkeypatch.setenv("SLURM_NODEID", "1")
-    cfg = compose("hardware=ascend8x2")
-    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
+    plan = resolve(compose("hardware=ascend8x2"))
+    hw = plan.hardware
     assert (hw.node_rank, hw.master_addr) == (1, "ascend07")  # from SLURM: not given on the command line
-    report = dry_run_report(cfg, hw, ["hardware=ascend8x2"], tmp_path)
+    report = dry_run_report(plan, ["hardware=ascend8x2"], tmp_path)
     node0, node1 = [line for line in report.splitlines() if line.strip().startswith("starts:")]
     for rank, line in enumerate((node0, node1)):
         assert f"--worker_num=16 --local_worker_num=8 --master_addr=ascend07 --master_port=8118 --node_rank={rank}" \

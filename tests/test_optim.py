@@ -10,7 +10,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn
 from omegaconf import DictConfig
 
-from swinexp.build import build_experiment
+from swinexp.build import build_experiment, resolve
 from swinexp.engine import checkpoint
 from swinexp.optim import UPDATE_STEPS, adamw, lr_scale, param_groups, warmup_cosine
 from swinexp.registry import MODELS, ConfigError
@@ -110,7 +110,7 @@ def test_a_run_shorter_than_its_warmup_trains_with_the_warmup_cut_to_the_run(
     # trainer.epochs=1 with the default warmup_epochs=1 used to fail: "warmup_epochs=1 must be < trainer.epochs=1"
     cfg = compose("trainer.epochs=1", "scheduler.warmup_epochs=1", "tracking=none")
     with caplog.at_level(logging.WARNING, logger="swinexp"):
-        exp = build_experiment(cfg)
+        exp = build_experiment(resolve(cfg))
     assert "warmup is cut to the run's 3 steps" in caplog.text
     lr = exp.lr_schedule
     assert lr.shape == (3,) and lr[0] == pytest.approx(5e-7) and np.all(np.diff(lr) > 0) and lr[-1] < 2e-3
@@ -143,7 +143,7 @@ def test_official_recipe_scales_every_lr_by_total_batch_and_counts_optimizer_ste
     cfg = compose("optimizer=adamw_swin", "scheduler.warmup_epochs=20", "trainer=swin_official",
                   "trainer.epochs=40", "trainer.accumulation_steps=2", "trainer.lr_batch_size=8",
                   "trainer.limit_train_batches=3", "tracking=none")
-    exp = build_experiment(cfg)
+    exp = build_experiment(resolve(cfg))
     scale = 16 / 8
     assert exp.total_batch == 16 and exp.steps_per_epoch == 1
     lr = exp.lr_schedule
@@ -155,5 +155,5 @@ def test_official_recipe_scales_every_lr_by_total_batch_and_counts_optimizer_ste
 
 
 def test_default_config_keeps_its_unscaled_lr(compose: Callable[..., DictConfig]) -> None:
-    exp = build_experiment(compose("tracking=none"))
+    exp = build_experiment(resolve(compose("tracking=none")))
     assert exp.trainer.lr_batch_size is None and exp.lr_schedule.max() == pytest.approx(2e-3, rel=1e-3)

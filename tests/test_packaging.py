@@ -20,11 +20,11 @@ from hydra import initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from swinexp import create_model
-from swinexp.build import build_model
+from swinexp.build import build_model, resolve
 from swinexp.registry import ConfigError
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
-SOURCES = ("swinexp", "hydra_plugins", "conf", "sweeps", "pyproject.toml", "setup.py", "README.md")
+SOURCES = ("swinexp", "hydra_plugins", "conf", "pyproject.toml", "setup.py", "README.md")
 MINDSPORE_IMPORTED = re.compile(r"\|\s+mindspore$", re.MULTILINE)  # a `-X importtime` line of the mindspore package
 
 
@@ -102,22 +102,21 @@ def test_imports_key_that_cannot_be_imported_names_the_key_and_the_fix() -> None
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose_cfg("config", overrides=[*SMOKE, "imports=[no_such_module_xyz]"])
     with pytest.raises(ConfigError, match=r"imports: cannot import 'no_such_module_xyz'.*install the package"):
-        build_model(cfg)
+        build_model(resolve(cfg))
 
 
 @pytest.mark.slow
 def test_wheel_carries_conf_and_runs_from_outside_the_checkout(installed: dict[str, Path]) -> None:
     where = _run(installed, "-c", "import json, swinexp, swinexp.config as c; "
-                                  "print(json.dumps([swinexp.__file__, str(c.CONF_DIR), str(c.SWEEPS_DIR)]))")
-    package, conf, sweeps = json.loads(where.stdout)
+                                  "print(json.dumps([swinexp.__file__, str(c.CONF_DIR)]))")
+    package, conf = json.loads(where.stdout)
     site = installed["site"].resolve()
     assert Path(package) == site / "swinexp" / "__init__.py"
-    assert Path(conf) == site / "swinexp" / "_conf" and Path(sweeps) == site / "swinexp" / "_sweeps"
+    assert Path(conf) == site / "swinexp" / "_conf"
     packaged = {p.relative_to(conf).as_posix() for p in Path(conf).rglob("*.yaml")}
     assert packaged == {p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*.yaml")}
-    assert {p.name for p in Path(sweeps).glob("*.yaml")} == {p.name for p in (ROOT / "sweeps").glob("*.yaml")}
 
-    job = _run(installed, "swinexp", "--cfg", "job", "model=swin_tiny", "+sweep=seeds")  # the console script
+    job = _run(installed, "swinexp", "--cfg", "job", "model=swin_tiny", "sweep=seeds")  # the console script
     assert "name: swin_tiny" in job.stdout and "depths:\n  - 2\n  - 2\n  - 6\n  - 2" in job.stdout
 
     helped = _run(installed, "-m", "swinexp", "-cd", str(installed["conf"]), "--help").stdout
@@ -128,7 +127,7 @@ def test_wheel_carries_conf_and_runs_from_outside_the_checkout(installed: dict[s
 @pytest.mark.slow
 def test_wheel_create_model_imports_key_and_weights_cli(installed: dict[str, Path]) -> None:
     code = ("import json, mindspore as ms, swinexp\n"
-            "from hydra import compose, initialize_config_dir\nfrom swinexp.build import build_model\n"
+            "from hydra import compose, initialize_config_dir\nfrom swinexp.build import build_model, resolve\n"
             "from swinexp.config import CONF_DIR\n"
             "micro = swinexp.create_model('swin_micro', num_classes=10)\n"
             "nano = swinexp.create_model('swin_nano', num_classes=10)\n"  # the plugin's model, its builder defaults
@@ -136,7 +135,7 @@ def test_wheel_create_model_imports_key_and_weights_cli(installed: dict[str, Pat
             "before = 'swin_pico' in swinexp.MODELS\n"
             "with initialize_config_dir(version_base='1.3', config_dir=str(CONF_DIR)):\n"
             "    cfg = compose('config', ['imports=[user_pico]', 'model.name=swin_pico'])\n"
-            "pico = build_model(cfg)\n"
+            "pico = build_model(resolve(cfg))\n"
             "count = lambda m: sum(p.size for p in m.trainable_params())\n"
             "print(json.dumps([count(micro), count(nano), type(nano).__module__, before, count(pico)]))")
     micro, nano, module, pico_before, pico = json.loads(_run(installed, "-c", code).stdout.splitlines()[-1])

@@ -10,9 +10,9 @@ from hydra import compose as compose_cfg
 from hydra import initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
 
-from swinexp.build import node, trainer_cfg
+from swinexp.build import check_trainer
+from swinexp.config import read
 from swinexp.models.swin import _resolution_problem
 from swinexp.runtime import hardware
 from tests.conftest import CONF_DIR, ROOT
@@ -43,7 +43,7 @@ def _jobs(args: list[str]) -> list[list[str]]:
         return _split(overrides)
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         hydra_cfg = compose_cfg("config", overrides=overrides, return_hydra_config=True).hydra
-    if hydra_cfg.mode != "MULTIRUN":  # a named sweep (+sweep=X) sets it, with its values in sweeper.params
+    if hydra_cfg.mode != "MULTIRUN":  # a named sweep (sweep=X) sets it, with its values in sweeper.params
         return [overrides]
     given = {o.split("=")[0] for o in overrides}
     return _split([f"{k}={v}" for k, v in hydra_cfg.sweeper.params.items() if k not in given] + overrides)
@@ -68,9 +68,10 @@ def test_readme_command_composes_and_its_model_fits_its_data(command: str) -> No
     for job in _jobs(args):
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose_cfg("config", overrides=job)
-        trainer_cfg(cfg)  # trainer keys valid (epochs, stop_after_epoch, ...)
-        hardware.validate(OmegaConf.to_object(cfg.hardware))
-        data, model = node(cfg, "data"), node(cfg, "model")  # a `???` data.root fails here, naming the key
+        plan = read(cfg)  # a `???` data.root fails here, naming the key
+        check_trainer(plan.trainer)  # trainer keys valid (epochs, stop_after_epoch, ...)
+        hardware.validate(plan.hardware)
+        data, model = plan.section("data"), plan.section("model")
         assert data.get("root") is not None or data["name"] == "synthetic", f"{command}: needs data.root"
         problem = _resolution_problem(model["img_size"], model["patch_size"], model["window_size"],
                                       len(model["depths"]))

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from PIL import Image
 
-from swinexp.app.recipe import describe, epoch_end_lr
-from swinexp.build import build_schedule, trainer_cfg
+from swinexp.app.dry_run import describe, epoch_end_lr
+from swinexp.build import build_schedule, resolve
+from swinexp.config import read
 from swinexp.registry import ConfigError
 from tests.conftest import ROOT
 
@@ -42,30 +43,30 @@ def test_preset_is_the_official_in1k_recipe(compose: Callable[..., DictConfig], 
                                                                                              "swin")
     assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.scheduler.warmup_epochs) == ("adamw_swin", 5e-4, 20)
     screen = compose(f"experiment={preset}", "data.root=/data/imagenet", "trainer.stop_after_epoch=10", smoke=False)
-    assert trainer_cfg(screen).stop_after_epoch == 10 and trainer_cfg(screen).epochs == 300
+    assert read(screen).trainer.stop_after_epoch == 10 and read(screen).trainer.epochs == 300
 
 
 @pytest.mark.parametrize("stop", [0, 3])
 def test_stop_after_epoch_outside_the_run_is_a_config_error(compose: Callable[..., DictConfig], stop: int) -> None:
     with pytest.raises(ConfigError, match=f"trainer.stop_after_epoch={stop} must be between 1 and trainer.epochs=2"):
-        trainer_cfg(compose(f"trainer.stop_after_epoch={stop}"))  # trainer=smoke: 2 epochs
+        resolve(compose(f"trainer.stop_after_epoch={stop}"))  # trainer=smoke: 2 epochs
 
 
 @pytest.mark.parametrize("sweep", SCREENING_SWEEPS)
 def test_named_sweep_screens_at_epoch_10_of_the_full_schedule(compose: Callable[..., DictConfig], sweep: str) -> None:
-    full = compose(f"+sweep={sweep}", "experiment=swin_tiny_in1k", "data.root=/data/imagenet", smoke=False)
-    assert trainer_cfg(full).epochs == 300 and trainer_cfg(full).stop_after_epoch == 10
-    assert trainer_cfg(compose(f"+sweep={sweep}")).stop_after_epoch == 2  # a 2-epoch run: stop at its end
-    continued = compose(f"+sweep={sweep}", "trainer.epochs=300", "trainer.stop_after_epoch=null")
-    assert trainer_cfg(continued).stop_after_epoch is None
-    comment = (ROOT / "sweeps" / f"{sweep}.yaml").read_text()
+    full = compose(f"sweep={sweep}", "experiment=swin_tiny_in1k", "data.root=/data/imagenet", smoke=False)
+    assert read(full).trainer.epochs == 300 and read(full).trainer.stop_after_epoch == 10
+    assert read(compose(f"sweep={sweep}")).trainer.stop_after_epoch == 2  # a 2-epoch run: stop at its end
+    continued = compose(f"sweep={sweep}", "trainer.epochs=300", "trainer.stop_after_epoch=null")
+    assert read(continued).trainer.stop_after_epoch is None
+    comment = (ROOT / "conf" / "sweep" / f"{sweep}.yaml").read_text()
     assert "trainer.stop_after_epoch=null hydra.mode=RUN hydra.run.dir=<sweep dir>/<job num>" in comment
 
 
 def test_a_screen_logs_the_lr_of_the_full_schedule_not_a_squeezed_one(compose: Callable[..., DictConfig]) -> None:
     def at_epoch_10(*overrides: str) -> tuple[float, str]:
         cfg = compose("trainer.limit_train_batches=null", "scheduler.warmup_epochs=1", *overrides)
-        text = describe(cfg, OmegaConf.to_object(cfg.hardware))
+        text = describe(resolve(cfg))
         return float(text.rsplit("epoch 10: ", 1)[1]), text
 
     screen, text = at_epoch_10("trainer.epochs=300", "trainer.stop_after_epoch=10")
@@ -73,7 +74,7 @@ def test_a_screen_logs_the_lr_of_the_full_schedule_not_a_squeezed_one(compose: C
     cfg = compose("trainer.limit_train_batches=null", "scheduler.warmup_epochs=1", "trainer.epochs=300")
     steps = 96 // 8  # the SMOKE data: 96 train images in batches of 8
     assert f"over 300 epochs x {steps} optimizer steps" in text and "stop: after epoch 10 of 300 (a screen" in text
-    assert screen == pytest.approx(epoch_end_lr(build_schedule(cfg, trainer_cfg(cfg), 8, steps), steps, 10), rel=1e-3)
+    assert screen == pytest.approx(epoch_end_lr(build_schedule(resolve(cfg), 8, steps), steps, 10), rel=1e-3)
     assert squeezed == pytest.approx(cfg.scheduler.min_lr, rel=0.1)  # 10 epochs: epoch 10 is at the cosine floor
     assert screen > 100 * squeezed
 

@@ -10,8 +10,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from swinexp.app.job import JobInfo, log_checkpoint_artifacts, run
-from swinexp.build import build_experiment
+from swinexp.app.job import log_checkpoint_artifacts, run
+from swinexp.app.job_info import JobInfo
+from swinexp.build import build_experiment, resolve
 from swinexp.tracking import MlflowTracker
 from swinexp.tracking.dataset import file_list_digest
 from swinexp.tracking.system import SystemMetrics
@@ -50,7 +51,7 @@ def test_run_holds_system_metrics_source_tags_inputs_steps_and_checkpoint(
         assert [m.step for m in client.get_metric_history(run_id, key)] == [1, 2, 3, 4, 5, 6], key
     assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [1, 2]
 
-    exp = build_experiment(compose())
+    exp = build_experiment(resolve(compose()))
     inputs = {d.dataset.name: d for d in mlrun.inputs.dataset_inputs}
     assert sorted(inputs) == ["synthetic/train", "synthetic/val"]
     train = inputs["synthetic/train"]

@@ -52,7 +52,7 @@ def test_a_trial_below_the_median_is_pruned_and_says_so_in_the_study(tmp_path: P
     pruner = {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 1}
     hydra_job = OmegaConf.create({"job": {"env_set": {
         STUDY_ENV: json.dumps({"storage": url, "study_name": "s", "pruner": pruner}), TRIAL_ENV: str(weak.number)}}})
-    check = StudyTrial.of(hydra_job).pruning("val/top1", tmp_path / "run", last_epoch=2)
+    check = StudyTrial.of(hydra_job.job.env_set).pruning("val/top1", tmp_path / "run", last_epoch=2)
     assert check(1, {"val/top1": 10.0}) is True and check.tags()["optuna.state"] == "PRUNED"
     strong_check = StudyTrial(url, "s", pruner, strong.number).pruning("val/top1", tmp_path / "run2", last_epoch=2)
     assert strong_check(1, {"val/top1": 60.0}) is False and strong_check.tags()["optuna.state"] == "COMPLETE"
@@ -65,20 +65,20 @@ def test_a_trial_below_the_median_is_pruned_and_says_so_in_the_study(tmp_path: P
 
 
 def test_a_job_outside_a_search_has_no_trial() -> None:
-    assert StudyTrial.of(OmegaConf.create({"job": {"env_set": {}}})) is None
+    assert StudyTrial.of({}) is None
 
 
 def test_a_continued_search_finds_its_parent_run_in_the_study(tmp_path: Path) -> None:
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "s")}, "sweeper": {
         "_target_": "hydra_plugins.swinexp_optuna.optuna_sweeper.OptunaSweeper", "study_name": "s",
         "storage": None}}})
-    assert continued_parent_run(config) is None  # no journal yet: a new search
+    assert continued_parent_run(config.hydra.sweeper, tmp_path / "s") is None  # no journal yet: a new search
     _, study = _study(tmp_path)
-    assert continued_parent_run(config) is None  # a study without a parent run
+    assert continued_parent_run(config.hydra.sweeper, tmp_path / "s") is None  # a study without a parent run
     study.set_user_attr("mlflow_parent_run_id", "abc")
-    assert continued_parent_run(config) == "abc"
+    assert continued_parent_run(config.hydra.sweeper, tmp_path / "s") == "abc"
     config.hydra.sweeper.study_name = "other"
-    assert continued_parent_run(config) is None
+    assert continued_parent_run(config.hydra.sweeper, tmp_path / "s") is None
 
 
 def test_a_rerun_tells_what_the_killed_jobs_left_and_runs_only_the_unfinished_trials_again(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from swinexp.config import SWEEPS_DIR
+from swinexp.config import CONF_DIR
 from tests.conftest import ROOT, SMOKE
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ EXPECTED_JOBS = {
     "accumulation": [["trainer.accumulation_steps=1"], ["trainer.accumulation_steps=2"],
                      ["trainer.accumulation_steps=4"]],
     "amp_ablation": [["amp=o0"], ["amp=o2"], ["amp=o1_manual"]],
-    "index_rewrites": [[f"+model/rewrites={r}"] for r in
+    "index_rewrites": [[f"model/rewrites={r}"] for r in
                        ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")],
     "seeds": [["seed=1"], ["seed=2"], ["seed=3"]],
 }
@@ -79,13 +79,13 @@ def _smoke(data_root: Path) -> list[str]:
 
 
 def test_every_sweep_file_is_known() -> None:
-    assert sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")) == sorted(EXPECTED_JOBS)
+    assert sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml")) == sorted(EXPECTED_JOBS)
 
 
 @pytest.mark.parametrize("sweep", sorted(EXPECTED_JOBS))
 def test_named_sweep_expands_to_jobs_that_compose(sweep: str, tmp_path: Path,
                                                   compose: Callable[..., DictConfig]) -> None:
-    out = _run(f"+sweep={sweep}", "--cfg", "hydra", cwd=tmp_path)
+    out = _run(f"sweep={sweep}", "--cfg", "hydra", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     hydra_cfg = yaml.safe_load(out.stdout)["hydra"]
     assert hydra_cfg["mode"] == "MULTIRUN"
@@ -93,7 +93,7 @@ def test_named_sweep_expands_to_jobs_that_compose(sweep: str, tmp_path: Path,
     (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), max_batch_size=None)
     assert [list(job) for job in jobs] == EXPECTED_JOBS[sweep]
     for job in jobs:
-        cfg = compose(f"+sweep={sweep}", *job, smoke=False)  # every job composes (the options exist)
+        cfg = compose(f"sweep={sweep}", *job, smoke=False)  # every job composes (the options exist)
         if sweep == "accumulation":  # the total batch stays at 64
             assert cfg.data.batch_size * cfg.trainer.accumulation_steps == 64
 
@@ -179,7 +179,7 @@ def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path)
 def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_path: Path) -> None:
     uri, sweep_dir = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "multirun"
     # amp=o0 on the command line replaces the sweep's three values: one job; stopped after epoch 1 of 2
-    out = _run("+sweep=amp_ablation", "amp=o0", *_smoke(tmp_path / "data"), "trainer.stop_after_epoch=1",
+    out = _run("sweep=amp_ablation", "amp=o0", *_smoke(tmp_path / "data"), "trainer.stop_after_epoch=1",
                "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # the job did not sweep again: one job dir, beside the sweep's report
@@ -193,7 +193,7 @@ def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_pa
     # the command the sweep files give: the job's overrides + stop null, hydra.mode=RUN, its run dir
     job_dir = sweep_dir / "0"
     overrides = [str(o) for o in yaml.safe_load((job_dir / "overrides.yaml").read_text())]
-    assert "+sweep=amp_ablation" in overrides and "amp=o0" in overrides
+    assert "sweep=amp_ablation" in overrides and "amp=o0" in overrides
     out = _run(*overrides, "trainer.stop_after_epoch=null", "hydra.mode=RUN", f"hydra.run.dir={job_dir}",
                cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

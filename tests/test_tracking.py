@@ -94,7 +94,7 @@ def test_a_job_failure_seen_in_the_jobs_process_reaches_the_sweeps(tmp_path: Pat
 
 def test_a_sweep_is_compared_at_its_screening_epoch() -> None:
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        screen = compose_cfg("config", overrides=["+sweep=amp_ablation", "trainer.epochs=300"])
+        screen = compose_cfg("config", overrides=["sweep=amp_ablation", "trainer.epochs=300"])
         plain = compose_cfg("config", overrides=["trainer.epochs=7"])
     assert screening_epoch(screen, ["amp"]) == 10  # trainer.stop_after_epoch of the named sweep
     assert screening_epoch(plain, ["amp"]) == 7

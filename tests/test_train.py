@@ -13,9 +13,11 @@ from mindspore import Tensor, load_checkpoint
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 
-from swinexp.app.job import JobInfo, fit, run
-from swinexp.build import build_experiment, node
+from swinexp.app.job import run
+from swinexp.app.job_info import JobInfo
+from swinexp.build import build_experiment, resolve
 from swinexp.engine import checkpoint
+from swinexp.engine.loop import fit
 from swinexp.registry import MODELS
 from swinexp.runtime import hardware
 from tests.conftest import ROOT, SMOKE
@@ -70,7 +72,7 @@ def test_overfits_a_small_fixed_set(compose: Callable[..., DictConfig], tmp_path
                   "trainer.label_smoothing=0", "scheduler=constant", "optimizer.lr=1e-3", "optimizer.weight_decay=0",
                   "model.drop_path_rate=0")
     _setup(cfg)
-    history = fit(build_experiment(cfg), tmp_path, jit=True)  # one batch per epoch: 60 steps on the same images
+    history = fit(build_experiment(resolve(cfg)), tmp_path, jit=True)  # one batch per epoch: 60 steps, same images
     assert len(history) == 60
     assert history[-1]["train/loss"] < 0.3 * history[0]["train/loss"], [m["train/loss"] for m in history]
 
@@ -78,13 +80,13 @@ def test_overfits_a_small_fixed_set(compose: Callable[..., DictConfig], tmp_path
 def test_checkpoint_restores_identical_outputs(compose: Callable[..., DictConfig], tmp_path: Path) -> None:
     cfg = compose()
     _setup(cfg)
-    exp = build_experiment(cfg)
+    exp = build_experiment(resolve(cfg))
     fit(exp, tmp_path, jit=True)
     images = Tensor(np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32))
     exp.model.set_train(False)
     trained = exp.model(images).asnumpy()
 
-    fresh = MODELS.build(node(cfg, "model"))
+    fresh = MODELS.build(resolve(cfg).section("model"))
     fresh.set_train(False)
     assert not np.allclose(fresh(images).asnumpy(), trained)
     meta = checkpoint.load(tmp_path / "checkpoints" / "last.ckpt", fresh)
@@ -117,7 +119,7 @@ def test_amp_accumulation_clipping_and_ema_train_and_log(compose: Callable[..., 
     cfg = compose("amp=o1_manual", "trainer.accumulation_steps=2", "trainer.limit_train_batches=4",
                   "trainer.clip_grad=5.0", "trainer.ema.decay=0.9", "model.depths=[1,1]")
     _setup(cfg)
-    history = fit(build_experiment(cfg), tmp_path, jit=False)
+    history = fit(build_experiment(resolve(cfg)), tmp_path, jit=False)
     last = history[-1]
     assert [m["train/optimizer_steps"] for m in history] == [2.0, 4.0]
     assert last["train/overflow_steps"] == 0 and last["train/loss_scale"] == 65536.0
@@ -129,7 +131,7 @@ def test_every_overflowing_step_is_counted_and_skipped(compose: Callable[..., Di
     # a 1e30 loss scale overflows fp16 gradients on every step; the forward (and so the loss) stays finite
     cfg = compose("amp=o3", "amp.init_scale=1e30", "trainer.epochs=2", "model.depths=[1,1]")
     _setup(cfg)
-    exp = build_experiment(cfg)
+    exp = build_experiment(resolve(cfg))
     before = [p.asnumpy().copy() for p in exp.model.trainable_params()]
     history = fit(exp, tmp_path, jit=False)
     assert [m["train/overflow_steps"] for m in history] == [3.0, 3.0]  # smoke: 3 optimizer steps per epoch
@@ -142,8 +144,8 @@ def test_checkpoint_holds_official_names_and_loads_into_any_qkv_variant(compose:
                                                                           tmp_path: Path) -> None:
     from mindspore import load_checkpoint
 
-    split = MODELS.build({**node(compose(), "model"), "qkv": "split", "drop_path_rate": 0.0})
-    fused = MODELS.build({**node(compose(), "model"), "qkv": "fused", "drop_path_rate": 0.0})
+    split = MODELS.build({**resolve(compose()).section("model"), "qkv": "split", "drop_path_rate": 0.0})
+    fused = MODELS.build({**resolve(compose()).section("model"), "qkv": "fused", "drop_path_rate": 0.0})
     checkpoint.save(tmp_path / "split.ckpt", split, meta={"epoch": 3})
     names = set(load_checkpoint(str(tmp_path / "split.ckpt")))
     assert "layers.0.blocks.0.attn.qkv.weight" in names and "layers.0.blocks.0.attn.q.weight" not in names

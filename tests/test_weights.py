@@ -13,7 +13,7 @@ from mindspore import Tensor
 from omegaconf import DictConfig
 from safetensors.numpy import load_file
 
-from swinexp.build import node
+from swinexp.build import resolve
 from swinexp.engine import checkpoint
 from swinexp.models import MODELS, SwinTransformer, create_model
 from swinexp.models.convert import fuse_qkv, to_timm
@@ -118,7 +118,7 @@ def test_pretrained_config_key_drops_the_head_when_classes_differ(
 ) -> None:
     cfg = compose(f"model.pretrained={saved}", "data.num_classes=4", "data.img_size=64")
     with caplog.at_level(logging.INFO, logger="swinexp"):
-        model = MODELS.build(node(cfg, "model"))
+        model = MODELS.build(resolve(cfg).section("model"))
     assert "missing keys (freshly initialised): ['head.bias', 'head.weight']" in caplog.text
     assert "optimizer/meta entries" in caplog.text
     state, ref = fuse_qkv(model_state(model)), fuse_qkv(model_state(reference))  # either q/k/v layout

@@ -241,7 +241,7 @@ class IsolatedLauncher(Launcher):
         if "command-line" in sources:  # -cd DIR
             command.append(f"--config-dir={sources['command-line'].path}")
         command += [o for o in hydra_cfg.overrides.hydra if not o.startswith(NOT_FOR_JOBS)]
-        # hydra.mode=RUN: a named sweep (+sweep=...) sets MULTIRUN in its file, which each job composes again
+        # hydra.mode=RUN: a named sweep (sweep=...) sets MULTIRUN in its file, which each job composes again
         return [*command, *overrides, f"hydra.run.dir={_quote(str(job_dir))}", "hydra.mode=RUN"]
 
 

@@ -21,7 +21,8 @@ def main(cfg: DictConfig) -> float | None:
     if (line := _leaves_launch_to_another_copy(cfg)) is not None:
         print(line, flush=True)
         return None
-    from swinexp.app.job import JobInfo, run  # imports MindSpore: only once a job runs, not for --help / --cfg
+    from swinexp.app.job import run  # imports MindSpore: only once a job runs, not for --help / --cfg
+    from swinexp.app.job_info import JobInfo
     from swinexp.engine.checkpoint import CheckpointWriteError
     from swinexp.runtime import launch
 
@@ -43,7 +44,7 @@ def _leaves_launch_to_another_copy(cfg: DictConfig) -> str | None:
     MindSpore is imported or a card is touched (runtime/modelarts.py)."""
     from omegaconf import OmegaConf
 
-    from swinexp.runtime.modelarts import not_the_launcher
+    from swinexp.runtime.launch import not_the_launcher
 
     if cfg.dry_run or os.environ.get("MS_ROLE"):  # a dry run reports it; msrun's own processes always run
         return None

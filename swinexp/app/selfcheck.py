@@ -24,9 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from hydra import compose, initialize_config_dir
 
-from swinexp.config import CONF_DIR
+from swinexp.config import HardwareCfg, Plan
 
 QUICK = ["trainer=smoke", "trainer.epochs=1", "trainer.limit_train_batches=3", "data.num_train=64",
          "data.num_val=16", "data.img_size=32", "data.batch_size=8", "model=swin_micro", "tracking=none"]
@@ -39,12 +38,11 @@ class Check:
     detail: str
 
 
-def _backend(cfg: object) -> Check:
+def _backend(hw: HardwareCfg) -> Check:
     import mindspore as ms
 
     from swinexp.runtime import hardware
 
-    hw = cfg.hardware
     detail = f"MindSpore {ms.__version__}, device_target={ms.get_context('device_target')}"
     if hw.device_target == "Ascend":
         detail += f", card {hardware.detected_chip()} (hardware.chip={hw.chip})"
@@ -101,39 +99,37 @@ def _overflow(resolved: str, simulate: bool) -> Check:
                  f"{'changed' if small_changed else 'kept'}")
 
 
-def _training(cfg: object) -> Check:
+def _training(plan: Plan) -> Check:
     from swinexp.build import build_experiment
     from swinexp.engine.step import make_train_step, read_all
 
-    exp = build_experiment(cfg)
-    step = make_train_step(exp.model, exp.optimizer, exp.amp, exp.trainer.clip_grad, cfg.hardware.mode == "graph",
+    exp = build_experiment(plan)
+    step = make_train_step(exp.model, exp.optimizer, exp.amp, exp.trainer.clip_grad, plan.hardware.mode == "graph",
                            exp.trainer.accumulation_steps)
     batches = itertools.islice(exp.train_loader.epoch(0), exp.steps_per_epoch * exp.trainer.accumulation_steps)
     outputs = [step(images, targets) for images, targets in batches]  # the LR schedule holds no more steps
     read_all(outputs)
     losses = [o.loss for o in outputs]
-    return Check(f"{cfg.model.name} trains ({exp.amp.level})", all(map(math.isfinite, losses)),
+    return Check(f"{plan.get('model.name')} trains ({exp.amp.level})", all(map(math.isfinite, losses)),
                  "losses " + ", ".join(f"{v:.5f}" for v in losses))
 
 
 def run_checks(overrides: Sequence[str], simulate_saturation: bool = False) -> list[Check]:
     """Compose `overrides` (plus quick settings), apply the hardware context, run the checks in order."""
     from swinexp.amp import overflow
-    from swinexp.build import build_amp, check_config, hardware_cfg
+    from swinexp.build import build_amp, plan_for
     from swinexp.runtime import hardware
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("config", overrides=[*QUICK, *overrides])
-    check_config(cfg)
-    hw = replace(hardware_cfg(cfg), num_devices=1, num_nodes=1)  # one card: no msrun
-    policy = build_amp(cfg)
-    hardware.apply(hw, int(cfg.seed), precision_mode=policy.ascend_precision_mode)
+    plan = plan_for([*QUICK, *overrides])
+    hw = replace(plan.hardware, num_devices=1, num_nodes=1)  # one card: no msrun
+    policy = build_amp(plan)
+    hardware.apply(hw, plan.seed, precision_mode=policy.ascend_precision_mode)
     resolved = overflow.resolve(hw.overflow_check, hw.device_target, hw.chip)
     checks: dict[str, Callable[[], Check]] = {
-        "backend and card": lambda: _backend(cfg),
+        "backend and card": lambda: _backend(hw),
         "fp32 MatMul stays fp32": lambda: _precision_mode(policy.ascend_precision_mode),
         "fp16 overflow is seen": lambda: _overflow(resolved, simulate_saturation),
-        "training steps": lambda: _training(cfg)}
+        "training steps": lambda: _training(plan)}
     results = []
     for name, check in checks.items():
         try:

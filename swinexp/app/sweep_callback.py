@@ -24,7 +24,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from swinexp.tracking import FAILED_JOBS_TAG, MlflowTracker
+from swinexp.tracking import FAILED_JOBS_TAG, MlflowTracker, open_tracker
 from swinexp.tracking.study import continued_parent_run
 
 log = logging.getLogger("swinexp")
@@ -163,8 +163,6 @@ class SweepCallback(Callback):
         return {**self.__dict__, "tracker": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from swinexp.build import build_tracker
-
         if config.tracking.get("name") != "mlflow":
             return
         sweeps = sweep_overrides(config)
@@ -174,10 +172,11 @@ class SweepCallback(Callback):
         self.epoch = screening_epoch(config, keys)
         # The sweep's process only waits for its jobs: its own CPU and memory samples would add nine system
         # charts, with a legend entry for the parent, to the jobs' charts.
-        parent_cfg = OmegaConf.merge(config, {"tracking": {"system_metrics": False}})
+        tracking = {**OmegaConf.to_container(config.tracking, resolve=True), "system_metrics": False}
         # Creating the experiment here, once, avoids jobs racing to create it.
-        self.tracker = build_tracker(parent_cfg)
-        continued = continued_parent_run(config)  # a search continuing its study logs into the study's parent
+        self.tracker = open_tracker(tracking, OmegaConf.select(config, "hardware.shared_dir"))
+        # a search continuing its study logs into the study's parent
+        continued = continued_parent_run(config.hydra.sweeper, self.sweep_dir)
         parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
             "sweep.role": "parent", "sweep.keys": ",".join(keys), "sweep.dir": str(self.sweep_dir),
             "overrides": " ".join(config.hydra.overrides.task)}, run_id=continued)

@@ -13,10 +13,10 @@ from mindspore import nn
 from tqdm import tqdm
 
 from swinexp.amp import overflow
-from swinexp.build import Experiment
 from swinexp.config import TrainerCfg
 from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import evaluate, make_eval_step
+from swinexp.engine.experiment import Experiment
 from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
 from swinexp.engine.step import StepOutput, TrainStep, make_train_step, read_all
 from swinexp.runtime import launch, phases

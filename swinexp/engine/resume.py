@@ -16,6 +16,7 @@ from swinexp.tracking import flatten
 log = logging.getLogger("swinexp")
 
 PROGRESS_KEY = "progress"      # meta key of the JSON progress record in a checkpoint
+CLASSES_FILE = "classes.txt"  # in the run dir: one class name per line, label i on line i
 NOT_COMPARED_GROUPS = ("hydra", "tracking")  # where a run is logged and launched, not what it trains
 RUN_ID_FILE = "mlflow_run_id"  # in the run dir: the run a restart reopens, even before the first checkpoint
 # may differ between a run and its resumption without a warning (a screen is continued with a later stop)

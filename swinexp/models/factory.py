@@ -4,9 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from mindspore import nn
-from omegaconf import OmegaConf
 
-from swinexp.config import CONF_DIR, load_option
+from swinexp.config import CONF_DIR, option_values
 from swinexp.registry import MODELS, ConfigError
 
 __all__ = ["MODEL_CONF_DIR", "create_model", "model_defaults"]
@@ -35,7 +34,7 @@ def model_defaults(name: str) -> dict[str, Any]:
         if not builder.__module__.startswith("swinexp."):
             return {}  # a plugin's model: its builder's own defaults (its YAML lives in the user's config dir)
         raise ConfigError(f"model '{name}' is registered but {path} is missing; add it (see conf/model/swin_tiny.yaml)")
-    values = OmegaConf.to_container(load_option(MODEL_CONF_DIR, name), resolve=True)
+    values = option_values(MODEL_CONF_DIR, name)
     return {k: v for k, v in values.items() if k != "name"}
 
 

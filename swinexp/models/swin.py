@@ -591,7 +591,7 @@ class SwinTransformer(nn.Cell):
 
 
 def _int_tuple(key: str, value: Any) -> tuple[int, ...]:
-    # lists, tuples and OmegaConf ListConfig all arrive here; a string would iterate into characters
+    # lists and tuples arrive here (from a Plan or from create_model); a string would iterate into characters
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise ConfigError(f"model.{key}={value!r} must be a list of ints, one per stage, e.g. [2, 2, 6, 2]")
     out = tuple(value)

@@ -19,24 +19,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
-
-import swinexp
-from swinexp.build import build_tracker
-from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
 from swinexp.runtime import hardware
-
-CONF_DIR = Path(swinexp.__file__).resolve().parents[1] / "conf"
-DETERMINISTIC = ["model.drop_path_rate=0.0", "model.drop_rate=0.0", "model.attn_drop_rate=0.0",
-                 "trainer.amp_report=false"]
-
-
-def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """run.py's composed config for `overrides`, dropout and drop path off unless overridden."""
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return compose("config", overrides=[*DETERMINISTIC, *overrides])
+from swinexp.tracking import open_tracker
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,17 +46,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"error: {err}. The reference needs torch and timm: see the README section 'Checking a "
                        "run against PyTorch' (pip install -e '.[reference]')\n")
     try:
-        cfg = compose_config(args.overrides)
-        hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
-        hardware.apply(hw, int(cfg.seed), bool(OmegaConf.select(cfg, "trainer.deterministic")))
-        tracker = build_tracker(cfg)
+        plan = compare.parity_plan(args.overrides)
+        hardware.apply(plan.hardware, plan.seed, plan.trainer.deterministic)
+        tracker = open_tracker(plan.section("tracking"), plan.hardware.shared_dir)
     except ConfigError as err:
         parser.exit(2, f"ConfigError: {err}\n")
     tracker.start(f"parity {' '.join(args.overrides) or 'defaults'}"[:250],
                   {"parity": "true", "overrides": " ".join(args.overrides), "parity.steps": str(args.steps)})
     status = "FAILED"
     try:
-        report = compare.check(cfg, tracker, args.steps, args.locate, args.tol, args.lr_lag)
+        report = compare.check(plan, tracker, args.steps, args.locate, args.tol, args.lr_lag)
         text = report.text()
         print(text)
         out = args.out or Path("outputs") / "parity" / time.strftime("%Y-%m-%d_%H-%M-%S")

@@ -1,20 +1,18 @@
-"""`check(cfg)`: train swinexp and the PyTorch reference side by side from the same weights and batches.
+"""`check(plan)`: train swinexp and the PyTorch reference side by side from the same weights and batches.
 
-Everything on the swinexp side comes from `build_experiment(cfg)` and the run's own train step; the reference
+Everything on the swinexp side comes from `build_experiment(plan)` and the run's own train step; the reference
 side is `reference.ReferenceTrainer` configured from the same composed config.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from mindspore import Tensor
-from omegaconf import DictConfig, OmegaConf
 
-from swinexp.build import Experiment, build_experiment, node
-from swinexp.config import HardwareCfg
+from swinexp.build import Experiment, Plan, build_experiment, plan_for
 from swinexp.engine.step import make_train_step
 from swinexp.models.convert import to_timm
 from swinexp.models.pretrained import model_state
@@ -105,9 +103,18 @@ class Report:
         return "\n".join(lines)
 
 
-def recipe_of(cfg: DictConfig, exp: Experiment, lr_lag: bool = False) -> reference.Recipe:
-    """The reference's recipe from the composed config, with the LRs scaled as swinexp scales them."""
-    opt, sched, trainer = node(cfg, "optimizer"), node(cfg, "scheduler"), exp.trainer
+DETERMINISTIC = ["model.drop_path_rate=0.0", "model.drop_rate=0.0", "model.attn_drop_rate=0.0",
+                 "trainer.amp_report=false"]
+
+
+def parity_plan(overrides: Sequence[str]) -> Plan:
+    """run.py's plan for `overrides`, dropout and drop path off unless overridden."""
+    return plan_for([*DETERMINISTIC, *overrides])
+
+
+def recipe_of(plan: Plan, exp: Experiment, lr_lag: bool = False) -> reference.Recipe:
+    """The reference's recipe from the plan, with the LRs scaled as swinexp scales them."""
+    opt, sched, trainer = plan.section("optimizer"), plan.section("scheduler"), exp.trainer
     if opt["name"] not in OPTIMIZERS:
         raise ConfigError(f"optimizer={opt['name']}: the reference drives AdamW only; use optimizer=adamw or "
                           "optimizer=adamw_swin")
@@ -132,9 +139,9 @@ def recipe_of(cfg: DictConfig, exp: Experiment, lr_lag: bool = False) -> referen
                             scale_window=amp.scale_window, lr_lag=lr_lag)
 
 
-def check_deterministic(cfg: DictConfig) -> None:
+def check_deterministic(plan: Plan) -> None:
     """Dropout and drop path draw different random numbers on the two sides: parity needs them off."""
-    on = {k: v for k, v in node(cfg, "model").items() if k in STOCHASTIC_KEYS and v}
+    on = {k: v for k, v in plan.section("model").items() if k in STOCHASTIC_KEYS and v}
     if on:
         keys = " ".join(f"model.{k}=0" for k in on)
         raise ConfigError(f"{on} draw different random masks in MindSpore and PyTorch; parity runs without them: "
@@ -173,7 +180,7 @@ def compare_stages(exp: Experiment, ref_model, images: np.ndarray, targets: np.n
     return rows, first
 
 
-def check(cfg: DictConfig, tracker: Tracker, steps: int = 5, locate: bool = False, tolerance: float | None = None,
+def check(plan: Plan, tracker: Tracker, steps: int = 5, locate: bool = False, tolerance: float | None = None,
           lr_lag: bool = False) -> Report:
     """Run `steps` optimizer steps of swinexp and of the reference on the same batches; see the package docstring.
 
@@ -182,20 +189,20 @@ def check(cfg: DictConfig, tracker: Tracker, steps: int = 5, locate: bool = Fals
         locate: also compare every stage's output and gradient on the first batch (always done under amp).
         tolerance: relative difference that counts as divergence; default 1e-4 in fp32, 5e-2 under amp.
     """
-    check_deterministic(cfg)
-    exp = build_experiment(cfg, tracker)
-    hw: HardwareCfg = OmegaConf.to_object(cfg.hardware)
-    arch = node(cfg, "model")
+    check_deterministic(plan)
+    exp = build_experiment(plan, tracker)
+    hw = plan.hardware
+    arch = exp.plan.section("model")
     ref_model = reference.timm_swin(arch)
     reference.load_numpy_state(ref_model, to_timm(model_state(exp.model)))
-    recipe = recipe_of(cfg, exp, lr_lag)
+    recipe = recipe_of(plan, exp, lr_lag)
     tolerance = tolerance if tolerance is not None else (1e-4 if recipe.amp_dtype is None else 5e-2)
     trainer = exp.trainer
     header = [(f"parity: swinexp ({exp.amp.level}, {hw.mode}, qkv={arch['qkv']}, "
               f"patch_merging={arch['patch_merging']}, rel_pos_bias={arch['rel_pos_bias']}, "
               f"custom_bprop={arch['custom_bprop']}, permute={arch['permute']}, patch_embed={arch['patch_embed']}) "
               f"vs timm SwinTransformer driven as the official main.py"),
-              (f"model {cfg.model.name} img {arch['img_size']} classes {arch['num_classes']}; batch "
+              (f"model {arch['name']} img {arch['img_size']} classes {arch['num_classes']}; batch "
               f"{exp.data.batch_size} x accumulation {trainer.accumulation_steps}; clip_grad {trainer.clip_grad}; "
               f"{steps} steps of {trainer.epochs * exp.steps_per_epoch}, warmup {recipe.warmup_steps}; "
               f"LR convention {'official main.py: f(k-1) at step k' if lr_lag else 'f(k) at step k (timm, swinexp)'}")]

@@ -26,9 +26,8 @@ import tempfile
 from pathlib import Path
 
 import mindspore as ms
-from omegaconf import DictConfig, OmegaConf
 
-import swinexp
+from swinexp.config import Plan, thaw
 from swinexp.registry import ConfigError
 
 __all__ = ["HOST_ONLY", "cache_key", "default_root", "enable"]
@@ -52,16 +51,16 @@ def default_root() -> Path:
 
 def _source_digest() -> str:
     digest = hashlib.sha256()
-    package = Path(swinexp.__file__).parent
+    package = Path(__file__).resolve().parents[1]  # swinexp/
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def cache_key(cfg: DictConfig) -> str:
-    """16 hex digits naming the compiled graphs of `cfg`: equal exactly when everything that shapes them is."""
-    tree = OmegaConf.to_container(cfg, resolve=True)
+def cache_key(plan: Plan) -> str:
+    """16 hex digits naming the compiled graphs of `plan`: equal exactly when everything that shapes them is."""
+    tree = thaw(plan.values)
     for dotted in HOST_ONLY:
         _drop(tree, dotted)
     payload = json.dumps({"config": tree, "mindspore": ms.__version__, "swinexp": _source_digest()},
@@ -79,14 +78,14 @@ def _drop(tree: dict, dotted: str) -> None:
     tree.pop(leaf, None)
 
 
-def enable(cfg: DictConfig) -> Path | None:
+def enable(plan: Plan) -> Path | None:
     """Point MindSpore's compile cache at this configuration's graphs; call before the first graph compiles.
 
     Returns:
         The configuration's cache directory (filled when this process exits, if it was not there yet), or None
         when `hardware.compile_cache` is off.
     """
-    hw = cfg.hardware
+    hw = plan.hardware
     if not hw.compile_cache:
         return None
     entry = ms.graph.api.entry_script_path  # sys.argv[0] when MindSpore was imported
@@ -97,7 +96,7 @@ def enable(cfg: DictConfig) -> Path | None:
                           "hardware.compile_cache=false")
     root = Path(hw.compile_cache_dir or default_root()).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    shared = root / cache_key(cfg)
+    shared = root / cache_key(plan)
     private = Path(tempfile.mkdtemp(prefix=f".{shared.name}-", dir=root))
     found = shared.is_dir()
     if found:

@@ -210,7 +210,7 @@ def launch_plan(hw: HardwareCfg, overrides: list[str], run_dir: Path) -> list[st
         return ["single process: no msrun"]
     lines = []
     script = entry_script()
-    placed = slurm.describe() or modelarts.describe(hw)
+    placed = slurm.describe() or describe_modelarts(hw)
     if placed:
         lines.append(placed)
     if hw.rank_table_file is not None:
@@ -227,3 +227,29 @@ def launch_plan(hw: HardwareCfg, overrides: list[str], run_dir: Path) -> list[st
         lines.append(f"node {node_rank}{here}: python run.py {' '.join(overrides)} hardware.node_rank={node_rank}"
                      f"{given}\n  starts: {' '.join(msrun_command(per_node, script, overrides, run_dir))}")
     return lines
+
+
+def not_the_launcher(hw: HardwareCfg) -> str | None:
+    """Under `hardware.platform=modelarts`: None for the copy that launches msrun for this node (the card whose
+    number is 0 modulo hardware.num_devices, or the only copy), else the one line the other copies print before
+    they exit with status 0."""
+    if hw.platform != "modelarts" or (given := modelarts.card()) is None:
+        return None
+    name, number = given
+    if number % hw.num_devices == 0:
+        return None
+    return (f"modelarts: this copy ({name}={number}) does not launch; on node {hw.node_rank} the copy with "
+            f"{name} % {hw.num_devices} == 0 starts msrun for the node's {hw.num_devices} card(s)")
+
+
+def describe_modelarts(hw: HardwareCfg) -> str | None:
+    """One line for dry runs: what the platform told this process, or None outside `hardware.platform=modelarts`."""
+    if hw.platform != "modelarts":
+        return None
+    names = (modelarts.NUM_NODES_ENV, modelarts.NODE_RANK_ENV, modelarts.HOSTS_ENV, modelarts.CARDS_ENV)
+    given = {k: os.environ.get(k, "<unset>") for k in names}
+    mine = modelarts.card()
+    role = ("one copy per node: it launches" if mine is None
+            else f"{mine[0]}={mine[1]}: " + ("launches msrun" if not_the_launcher(hw) is None else "exits (status 0)"))
+    return ("modelarts: " + " ".join(f"{k}={v}" for k, v in given.items())
+            + f" -> node {hw.node_rank} of {hw.num_nodes}, master_addr={hw.master_addr}; this copy ({role})")

@@ -2,7 +2,7 @@
 
 `conf/hardware/modelarts_ascend8.yaml` reads them through `${swinexp.modelarts:<key>,<default>}`, so one command
 runs on every node; `hardware.platform=modelarts` makes the per-card copies of that command (ModelArts' Ascend jobs
-start the boot command once per card) leave the node's msrun launch to one of them.
+start the boot command once per card) leave the node's msrun launch to one of them (`runtime.launch.not_the_launcher`).
 
 Sources (read 2026-12): Huawei Cloud, ModelArts user guide, "Managing Environment Variables of a Training
 Container" (develop-modelarts-0104; "分布式训练作业环境变量"): MA_NUM_HOSTS = number of instances (nodes),
@@ -15,10 +15,6 @@ container, MA_CURRENT_IP = the container's IP. Per-card copies: the MindSpore mo
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # config.py registers this module's resolver: no import back at run time
-    from swinexp.config import HardwareCfg
 
 NUM_NODES_ENV = "MA_NUM_HOSTS"
 NODE_RANK_ENV = "VC_TASK_INDEX"
@@ -48,28 +44,3 @@ def card() -> tuple[str, int] | None:
         if given.isdigit():
             return name, int(given)
     return None
-
-
-def not_the_launcher(hw: HardwareCfg) -> str | None:
-    """Under `hardware.platform=modelarts`: None for the copy that launches msrun for this node (the card whose
-    number is 0 modulo hardware.num_devices, or the only copy), else the one line the other copies print before
-    they exit with status 0."""
-    if hw.platform != "modelarts" or (given := card()) is None:
-        return None
-    name, number = given
-    if number % hw.num_devices == 0:
-        return None
-    return (f"modelarts: this copy ({name}={number}) does not launch; on node {hw.node_rank} the copy with "
-            f"{name} % {hw.num_devices} == 0 starts msrun for the node's {hw.num_devices} card(s)")
-
-
-def describe(hw: HardwareCfg) -> str | None:
-    """One line for dry runs: what the platform told this process, or None outside `hardware.platform=modelarts`."""
-    if hw.platform != "modelarts":
-        return None
-    given = {k: os.environ.get(k, "<unset>") for k in (NUM_NODES_ENV, NODE_RANK_ENV, HOSTS_ENV, CARDS_ENV)}
-    mine = card()
-    role = ("one copy per node: it launches" if mine is None
-            else f"{mine[0]}={mine[1]}: " + ("launches msrun" if not_the_launcher(hw) is None else "exits (status 0)"))
-    return ("modelarts: " + " ".join(f"{k}={v}" for k, v in given.items())
-            + f" -> node {hw.node_rank} of {hw.num_nodes}, master_addr={hw.master_addr}; this copy ({role})")

@@ -1,7 +1,7 @@
 """Score a trained run again: `python -m swinexp.serve.evaluate RUN_DIR_OR_CKPT [key=value ...] [--checkpoint last]`.
 
 Reads the run's config.yaml, applies the overrides (e.g. data.root=/elsewhere, trainer.limit_val_batches=null),
-builds the experiment through build.py and runs the validation pass of training on the checkpoint's weights with
+builds the experiment as a training does and runs the validation pass of training on the checkpoint's weights with
 the same compiled eval step, loader and trainer.limit_val_batches; prints val/loss, val/top1 and val/top5.
 Nothing is logged to a tracker.
 """
@@ -13,20 +13,18 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from swinexp.build import build_experiment
 from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import evaluate, make_eval_step
 from swinexp.registry import ConfigError
-from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, open_run, setup
-from swinexp.tracking import NullTracker
+from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, experiment, open_run, setup
 
 
 def evaluate_run(run: SavedRun) -> dict[str, float]:
     """The validation metrics of the run's checkpoint under its (overridden) config (call `setup` first)."""
-    exp = build_experiment(run.config, NullTracker())
+    exp = experiment(run)
     checkpoint.load(run.checkpoint, exp.model)
     batches = itertools.islice(exp.val_loader.epoch(0), exp.trainer.limit_val_batches)
-    return evaluate(exp.model, batches, make_eval_step(exp.model, run.config.hardware.mode == "graph"))
+    return evaluate(exp.model, batches, make_eval_step(exp.model, run.plan.hardware.mode == "graph"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ def export(run: SavedRun, out: Path, file_format: str = "mindir", batch_size: in
     """Write the run's model to `out` (its suffix is the format's) and return the path written."""
     if file_format not in FORMATS:
         raise ConfigError(f"--format {file_format} is not supported; choose one of: {', '.join(FORMATS)}")
-    size = int(run.config.data.img_size)
+    size = int(run.plan.get("data.img_size"))
     example = ms.Tensor(np.zeros((batch_size, 3, size, size), np.float32))
     out = Path(out).with_suffix(f".{file_format}")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -48,9 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = export(run, out, args.format, args.batch_size)
     except ConfigError as err:
         parser.exit(2, f"error: {err}\n")
-    size = int(run.config.data.img_size)
-    print(f"{run.checkpoint} -> {path}: {run.config.model.name}, input ({args.batch_size}, 3, {size}, {size}) float32 "
-          f"(the eval transform's normalized images), output ({args.batch_size}, {run.config.model.num_classes}) "
+    size = int(run.plan.get("data.img_size"))
+    print(f"{run.checkpoint} -> {path}: {run.plan.get('model.name')}, input ({args.batch_size}, 3, {size}, {size}) "
+          "float32 "
+          f"(the eval transform's normalized images), output ({args.batch_size}, {run.plan.get('model.num_classes')}) "
           f"logits; load it with mindspore.nn.GraphCell(mindspore.load('{path}'))")
     return 0
 

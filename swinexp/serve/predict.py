@@ -18,11 +18,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from swinexp.build import build_eval_transform
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import IMAGE_SUFFIXES
 from swinexp.registry import ConfigError
-from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, load_model, open_run, setup
+from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, eval_transform, load_model, open_run, setup
 
 log = logging.getLogger("swinexp")
 
@@ -53,8 +52,8 @@ def _batches(files: list[Path], transform, batch_size: int) -> Iterator[tuple[li
 def predict(run: SavedRun, model: nn.Cell, folder: Path, topk: int = 5,
             batch_size: int = 32) -> list[tuple[str, list[tuple[str, float]]]]:
     """(image path relative to `folder`, [(class name, probability)] best first) for every readable image."""
-    transform = build_eval_transform(run.config)
-    k = min(topk, int(run.config.model.num_classes))
+    transform = eval_transform(run)
+    k = min(topk, int(run.plan.get("model.num_classes")))
     rows = []
     for names, images in _batches(image_files(folder), transform, batch_size):
         probs = ops.softmax(ops.cast(model(ms.Tensor(images)), ms.float32), axis=-1).asnumpy()

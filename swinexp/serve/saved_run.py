@@ -10,22 +10,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mindspore import nn
-from omegaconf import DictConfig, OmegaConf
 
-from swinexp.build import build_model, saved_config
-from swinexp.config import HardwareCfg
+from swinexp.build import Experiment, Plan, build_eval_transform, build_experiment, build_model, resolve
+from swinexp.config import saved
+from swinexp.data.transforms import EvalTransform
 from swinexp.engine import checkpoint
-from swinexp.engine.resume import PROGRESS_KEY, Progress
+from swinexp.engine.resume import CLASSES_FILE, PROGRESS_KEY, Progress
 from swinexp.registry import ConfigError
 from swinexp.runtime import hardware
 
-CLASSES_FILE = "classes.txt"  # in the run dir: one class name per line, label i on line i
 CHECKPOINTS = ("best", "last")
 
 
 @dataclass(frozen=True)
 class SavedRun:
-    config: DictConfig               # the run's config, typed, with the command line's overrides
+    plan: Plan                       # the run's config, typed, with the command line's overrides
     checkpoint: Path
     classes: tuple[str, ...] | None  # None: the run dir has no classes.txt (labels are printed as numbers)
 
@@ -55,29 +54,37 @@ def open_run(source: Path, overrides: Sequence[str] = (), which: str = "best") -
     else:
         raise ConfigError(f"'{source}' does not exist; give a run dir (outputs/<date>/<time>) or a .ckpt file")
     if (run_dir / "config.yaml").is_file():
-        saved = OmegaConf.load(run_dir / "config.yaml")
+        config = run_dir / "config.yaml"
     else:
         meta = checkpoint.read_meta(checkpoint.read(ckpt))
         if PROGRESS_KEY not in meta:
             raise ConfigError(f"'{ckpt}' holds weights only and there is no config.yaml beside it in {run_dir}; "
                               "give the run dir the checkpoint came from")
-        saved = OmegaConf.create(Progress.from_json(meta[PROGRESS_KEY]).config)
+        config = Progress.from_json(meta[PROGRESS_KEY]).config
     classes_file = run_dir / CLASSES_FILE
     classes = tuple(classes_file.read_text().splitlines()) if classes_file.is_file() else None
-    config = saved_config(saved, overrides)
-    OmegaConf.update(config, "model.pretrained", None)  # the weights come from the checkpoint, not the start point
-    return SavedRun(config, ckpt, classes)
+    plan = saved(config, overrides).with_values({"model.pretrained": None})  # the checkpoint has the weights
+    return SavedRun(plan, ckpt, classes)
 
 
 def setup(run: SavedRun) -> None:
     """The run's MindSpore context in this one process (a run trained on 8 workers is served by one)."""
-    hw: HardwareCfg = OmegaConf.to_object(run.config.hardware)
-    hardware.apply(replace(hw, num_devices=1, num_nodes=1), int(run.config.seed))
+    hardware.apply(replace(run.plan.hardware, num_devices=1, num_nodes=1), run.plan.seed)
 
 
 def load_model(run: SavedRun) -> nn.Cell:
     """The run's model in fp32 with the checkpoint's weights, in eval mode (call `setup` first)."""
-    model = build_model(run.config)
+    model = build_model(run.plan)
     checkpoint.load(run.checkpoint, model)
     model.set_train(False)
     return model
+
+
+def eval_transform(run: SavedRun) -> EvalTransform:
+    """The run's validation transform (resize, center crop, normalize), without reading its data root."""
+    return build_eval_transform(run.plan)
+
+
+def experiment(run: SavedRun) -> Experiment:
+    """The run's whole experiment under its (overridden) config, validated as a training's, tracked nowhere."""
+    return build_experiment(resolve(run.plan))

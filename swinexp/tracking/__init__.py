@@ -18,8 +18,9 @@ from swinexp.tracking.protocol import (
     NullTracker,
     Tracker,
     flatten,
+    open_tracker,
 )
 
 __all__ = ["CONTINUES_RUN", "FAILED_JOBS_TAG", "FAILURE_TAG", "LOG_CHECKPOINTS", "STOPPED_TAG", "SYNCED_FROM",
            "SYNCED_TO", "MlflowTracker", "NullTracker", "Tracker", "check_reachable", "find_run", "flatten",
-           "open_experiment", "resolve_uri"]
+           "open_experiment", "open_tracker", "resolve_uri"]

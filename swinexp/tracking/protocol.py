@@ -85,6 +85,15 @@ def none() -> Tracker:
     return NullTracker()
 
 
+def open_tracker(tracking: Mapping[str, Any], shared_dir: str | None = None) -> Tracker:
+    """The tracker of a `tracking` config section (MLflow or none); with hardware.shared_dir set and no tracking.uri,
+    the store is `<shared_dir>/mlflow.db`, which every node and every rerun finds."""
+    tracking = dict(tracking)
+    if shared_dir and "uri" in tracking and tracking["uri"] is None:
+        tracking["uri"] = f"sqlite:///{Path(shared_dir).resolve() / 'mlflow.db'}"
+    return TRACKERS.build(tracking)
+
+
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}, 'c': [1, 2]} -> {'a.b': 1, 'c': [1, 2]}: the dotted keys Hydra overrides use."""
     out: dict[str, Any] = {}

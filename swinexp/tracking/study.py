@@ -21,8 +21,6 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
-
 from swinexp.registry import ConfigError
 
 if TYPE_CHECKING:
@@ -126,18 +124,22 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(url))
 
 
-def continued_parent_run(config: DictConfig) -> str | None:
-    """The MLflow parent run of the study a search sweep continues (same study name and storage), or None."""
-    sweeper = config.hydra.sweeper
+def continued_parent_run(sweeper: Mapping[str, Any], sweep_dir: Path) -> str | None:
+    """The MLflow parent run of the study a search sweep continues (same study name and storage), or None.
+
+    Args:
+        sweeper: the sweep's `hydra.sweeper` settings.
+        sweep_dir: the sweep's `hydra.sweep.dir`.
+    """
     if sweeper.get("_target_") != SWEEPER_TARGET:
         return None
-    url = storage_url(sweeper.get("storage"), Path(str(config.hydra.sweep.dir)))
+    url = storage_url(sweeper.get("storage"), sweep_dir)
     if "://" not in url and not Path(url).is_file():
         return None
     import optuna
 
     try:
-        study = optuna.load_study(study_name=str(sweeper.study_name), storage=open_storage(url))
+        study = optuna.load_study(study_name=str(sweeper["study_name"]), storage=open_storage(url))
     except KeyError:  # no study of that name in the storage yet
         return None
     return study.user_attrs.get(PARENT_RUN_ATTR)
@@ -182,9 +184,9 @@ class StudyTrial:
     number: int
 
     @classmethod
-    def of(cls, hydra_cfg: DictConfig) -> StudyTrial | None:
+    def of(cls, env_set: Mapping[str, str] | None) -> StudyTrial | None:
         """From the job's `hydra.job.env_set` (set by the sweeper), else the process environment."""
-        given = {**os.environ, **(hydra_cfg.job.get("env_set") or {})}
+        given = {**os.environ, **(env_set or {})}
         if not given.get(STUDY_ENV) or given.get(TRIAL_ENV) in (None, ""):
             return None
         study = json.loads(given[STUDY_ENV])

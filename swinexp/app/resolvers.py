@@ -1,0 +1,50 @@
+"""The `${swinexp.*:...}` resolvers the config files use, registered with OmegaConf when swinexp is imported."""
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from swinexp.runtime import modelarts, slurm
+
+
+def register_resolvers() -> None:
+    """`${swinexp.floordiv:a,b}` in configs, e.g. a per-device batch that keeps the total batch fixed;
+    `${swinexp.help_groups:}`, the config groups `--help` lists; `${swinexp.slurm_node_rank:0}` and
+    `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default; `${swinexp.min:a,b}`, e.g. a
+    screen that stops at epoch 10 or at the end of a shorter run; `${swinexp.modelarts:node_rank,0}`: ModelArts'
+    values (runtime/modelarts.py), else the default; `${swinexp.under:root,path}`: root/path, or path if root is
+    null."""
+    if not OmegaConf.has_resolver("swinexp.help_groups"):
+        OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
+    if not OmegaConf.has_resolver("swinexp.floordiv"):
+        OmegaConf.register_new_resolver("swinexp.floordiv", lambda a, b: int(a) // int(b))
+    if not OmegaConf.has_resolver("swinexp.slurm_node_rank"):  # multi-node presets inside a SLURM job
+        OmegaConf.register_new_resolver("swinexp.slurm_node_rank", lambda default: slurm.node_rank(int(default)))
+        OmegaConf.register_new_resolver("swinexp.slurm_master_addr", lambda default: slurm.master_addr(str(default)))
+    if not OmegaConf.has_resolver("swinexp.min"):
+        OmegaConf.register_new_resolver("swinexp.min", lambda a, b: min(int(a), int(b)))
+    if not OmegaConf.has_resolver("swinexp.modelarts"):  # hardware=modelarts_ascend8: the platform's values
+        OmegaConf.register_new_resolver("swinexp.modelarts", modelarts.value)
+    if not OmegaConf.has_resolver("swinexp.under"):  # hydra.run.dir below hardware.shared_dir when it is set
+        OmegaConf.register_new_resolver("swinexp.under", lambda root, path: f"{root}/{path}" if root else path)
+
+
+
+HIDDEN_GROUPS = ("model/formulation",)  # chosen by the hardware preset, not by the user
+SCHEMA_PREFIX = "base_"                 # typed schemas (base_trainer, ...) that presets extend, not options to pick
+
+
+def help_groups() -> str:
+    """`group: option, ...` lines for `--help`: the user-facing groups of the running Hydra app, with the options of
+    every config directory on its search path (`-cd` included), without schemas or internal groups."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None, "help_groups is resolved by Hydra's --help, inside a running app"
+    lines = []
+    for group in sorted(hydra.list_all_config_groups()):
+        if group.split("/")[0] == "hydra" or group in HIDDEN_GROUPS:
+            continue
+        options = [o for o in sorted(hydra.config_loader.get_group_options(group)) if not o.startswith(SCHEMA_PREFIX)]
+        if options:
+            lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)

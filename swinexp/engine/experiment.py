@@ -1,0 +1,29 @@
+"""`Experiment`: everything one training job needs, built and validated (by `swinexp.build.build_experiment`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mindspore import nn
+
+from swinexp.amp import AmpPolicy
+from swinexp.config import Plan, TrainerCfg
+from swinexp.data import DataSpec, Loader
+from swinexp.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class Experiment:
+    model: nn.Cell
+    data: DataSpec
+    train_loader: Loader
+    val_loader: Loader
+    optimizer: nn.Optimizer
+    lr_schedule: np.ndarray          # per optimizer step
+    amp: AmpPolicy
+    trainer: TrainerCfg
+    tracker: Tracker
+    steps_per_epoch: int             # optimizer steps; each takes trainer.accumulation_steps batches
+    total_batch: int = 0             # images per optimizer step: batch x devices x accumulation_steps
+    overflow_check: str = "isfinite"  # how the step sees fp16 overflow on this device (amp/overflow.resolve)
+    plan: Plan | None = None         # what it was built from, with the class count a folder dataset found
