@@ -115,14 +115,14 @@ def _blocks_growth(permute: str, depth: int) -> float:
     import mindspore as ms
     from mindspore import Tensor, nn
 
-    from swinexp.models.swin import SwinTransformerBlock
+    from swinexp.models.swin import Formulation, SwinTransformerBlock
 
     class Blocks(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
-            self.blocks = nn.CellList([SwinTransformerBlock(96, 56, 3, 7, 0 if i % 2 == 0 else 3, qkv="split",
-                                                            custom_bprop=True, permute=permute, index=i,
-                                                            drop_path=0.1)
+            formulation = Formulation(qkv="split", custom_bprop=True, permute=permute)
+            self.blocks = nn.CellList([SwinTransformerBlock(96, 56, 3, 7, 0 if i % 2 == 0 else 3, drop_path=0.1,
+                                                            formulation=formulation, index=i)
                                        for i in range(depth)])
 
         def construct(self, x, drop_scales):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,7 @@ from swinexp.registry import MODELS, ConfigError
 __all__ = [
     "SWIN_SIZES",
     "BasicLayer",
+    "Formulation",
     "PatchMerging",
     "SwinTransformer",
     "SwinTransformerBlock",
@@ -71,6 +73,30 @@ __all__ = [
 QKV_MODES = ("fused", "split", "fused_split")
 MERGING_MODES = ("slice", "reshape")
 REL_POS_BIAS_MODES = ("gather", "onehot")
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """How the official Swin's function is written as kernels (see the module docstring): every choice computes the
+    same function, and each backend has the one measured fastest for it (conf/model/formulation/)."""
+
+    qkv: str = "fused"
+    patch_merging: str = "slice"
+    rel_pos_bias: str = "gather"
+    custom_bprop: bool = False
+    permute: str = "transpose"
+    patch_embed: str = "conv"
+
+    def __post_init__(self) -> None:
+        modes = {"qkv": QKV_MODES, "patch_merging": MERGING_MODES, "rel_pos_bias": REL_POS_BIAS_MODES,
+                 "permute": PERMUTE_MODES, "patch_embed": PATCH_EMBED_MODES}
+        for key, allowed in modes.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} is not a known option; choose one of: "
+                                  f"{', '.join(allowed)}")
+
+
+OFFICIAL = Formulation()
 
 
 class WindowAttention(nn.Cell):
@@ -83,11 +109,9 @@ class WindowAttention(nn.Cell):
         qkv_bias: Whether the q/k/v projections have a bias.
         attn_drop: Dropout rate on the attention weights.
         proj_drop: Dropout rate after the output projection.
-        qkv: How q, k, v are projected, one of QKV_MODES (see the module docstring).
-        rel_pos_bias: How the bias table is looked up, one of REL_POS_BIAS_MODES.
-        custom_bprop: Hand-written backward passes for the projections, the bias + mask add and the softmax
-            (see layers.py).
-        permute: The permutation kernel, one of PERMUTE_MODES.
+        formulation: How q, k, v are projected (`qkv`), the bias table looked up (`rel_pos_bias`), axes permuted
+            (`permute`), and whether the projections, the bias + mask add and the softmax use hand-written backward
+            passes (`custom_bprop`, see layers.py).
     """
 
     def __init__(
@@ -98,15 +122,13 @@ class WindowAttention(nn.Cell):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        qkv: str = "fused",
-        rel_pos_bias: str = "gather",
-        custom_bprop: bool = False,
-        permute: str = "transpose",
+        formulation: Formulation = OFFICIAL,
     ) -> None:
         super().__init__()
+        qkv, rel_pos_bias, custom_bprop = formulation.qkv, formulation.rel_pos_bias, formulation.custom_bprop
         self.dim = dim
         self.window_size = window_size
-        self.reorder = Permute(permute)
+        self.reorder = Permute(formulation.permute)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -219,10 +241,7 @@ class SwinTransformerBlock(nn.Cell):
         drop: Dropout rate after attention projection and in the MLP.
         attn_drop: Dropout rate on the attention weights.
         drop_path: Stochastic depth rate of each residual branch; the two branches draw independently.
-        qkv: See WindowAttention.
-        rel_pos_bias: See WindowAttention.
-        custom_bprop: Hand-written backward passes (see WindowAttention, layers.Mlp and layers.LastAxisLayerNorm).
-        permute: See WindowAttention.
+        formulation: See WindowAttention; `custom_bprop` also reaches layers.Mlp and layers.LastAxisLayerNorm.
         index: Position of the block in the whole model: its branches are rows 2*index (attention) and
             2*index + 1 (MLP) of `drop_scales`, its dropout cells rows 1 + 4*index ... 4 + 4*index of
             `dropout_keys` (attention weights, projection, MLP hidden, MLP output; row 0 is the embedding's).
@@ -240,21 +259,18 @@ class SwinTransformerBlock(nn.Cell):
         drop: float = 0.0,
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
-        qkv: str = "fused",
-        rel_pos_bias: str = "gather",
-        custom_bprop: bool = False,
-        permute: str = "transpose",
+        formulation: Formulation = OFFICIAL,
         index: int = 0,
     ) -> None:
         super().__init__()
+        custom_bprop = formulation.custom_bprop
         self.dim = dim
         self.input_resolution = input_resolution
         self.path_row, self.key_row = 2 * index, 1 + 4 * index
         self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
-        self.windows = TokenWindows(input_resolution, self.window_size, self.shift_size, permute)
+        self.windows = TokenWindows(input_resolution, self.window_size, self.shift_size, formulation.permute)
         self.norm1 = LastAxisLayerNorm(dim, custom_bprop)
-        self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, qkv, rel_pos_bias,
-                                    custom_bprop, permute)
+        self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, formulation)
         # timm's drop_path1 / drop_path2: one cell per branch, fed its own row of draws
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else None
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else None
@@ -342,20 +358,18 @@ class PatchMerging(nn.Cell):
     Args:
         input_resolution: Side of the square input map; even.
         dim: Input width C.
-        mode: One of MERGING_MODES; both give the same function.
-        permute: The permutation kernel of the reshape mode, one of PERMUTE_MODES.
-        custom_bprop: `LastAxisLayerNorm`'s hand-written LayerNorm.
+        formulation: `patch_merging` (one of MERGING_MODES; both give the same function), the `permute` kernel of
+            the reshape mode, and `custom_bprop` for the LayerNorm.
     """
 
-    def __init__(self, input_resolution: int, dim: int, mode: str = "slice", permute: str = "transpose",
-                 custom_bprop: bool = False) -> None:
+    def __init__(self, input_resolution: int, dim: int, formulation: Formulation = OFFICIAL) -> None:
         super().__init__()
-        self.reorder = Permute(permute)
+        self.reorder = Permute(formulation.permute)
         self.input_resolution = input_resolution
         self.dim = dim
-        self.mode = mode
+        self.mode = formulation.patch_merging
         self.reduction = dense(4 * dim, 2 * dim, has_bias=False)
-        self.norm = LastAxisLayerNorm(4 * dim, custom_bprop)
+        self.norm = LastAxisLayerNorm(4 * dim, formulation.custom_bprop)
 
     def construct(self, x: Tensor) -> Tensor:
         r = self.input_resolution
@@ -384,11 +398,7 @@ class BasicLayer(nn.Cell):
         attn_drop: Attention dropout rate.
         drop_path: Stochastic depth rate per block.
         downsample: Whether to end with PatchMerging.
-        qkv: See WindowAttention.
-        patch_merging: See PatchMerging.
-        rel_pos_bias: See WindowAttention.
-        custom_bprop: See SwinTransformerBlock.
-        permute: See WindowAttention.
+        formulation: See SwinTransformerBlock and PatchMerging.
         first_block: Model-wide index of the stage's first block (see SwinTransformerBlock's `index`).
     """
 
@@ -405,11 +415,7 @@ class BasicLayer(nn.Cell):
         attn_drop: float,
         drop_path: Sequence[float],
         downsample: bool,
-        qkv: str,
-        patch_merging: str,
-        rel_pos_bias: str,
-        custom_bprop: bool = False,
-        permute: str = "transpose",
+        formulation: Formulation = OFFICIAL,
         first_block: int = 0,
     ) -> None:
         super().__init__()
@@ -426,17 +432,13 @@ class BasicLayer(nn.Cell):
                     drop=drop,
                     attn_drop=attn_drop,
                     drop_path=drop_path[i],
-                    qkv=qkv,
-                    rel_pos_bias=rel_pos_bias,
-                    custom_bprop=custom_bprop,
-                    permute=permute,
+                    formulation=formulation,
                     index=first_block + i,
                 )
                 for i in range(depth)
             ]
         )
-        self.downsample = (PatchMerging(input_resolution, dim, patch_merging, permute, custom_bprop) if downsample
-                           else None)
+        self.downsample = PatchMerging(input_resolution, dim, formulation) if downsample else None
 
     def construct(self, x: Tensor, drop_scales: Tensor | None = None, dropout_keys: Tensor | None = None) -> Tensor:
         for blk in self.blocks:
@@ -507,12 +509,11 @@ class SwinTransformer(nn.Cell):
     ) -> None:
         super().__init__()
         depths, num_heads = _int_tuple("depths", depths), _int_tuple("num_heads", num_heads)
+        self.formulation = formulation = Formulation(qkv, patch_merging, rel_pos_bias, custom_bprop, permute,
+                                                     patch_embed)
         _validate(
             img_size, patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size, mlp_ratio,
             {"drop_rate": drop_rate, "attn_drop_rate": attn_drop_rate, "drop_path_rate": drop_path_rate},
-            {"qkv": (qkv, QKV_MODES), "patch_merging": (patch_merging, MERGING_MODES),
-             "rel_pos_bias": (rel_pos_bias, REL_POS_BIAS_MODES), "permute": (permute, PERMUTE_MODES),
-             "patch_embed": (patch_embed, PATCH_EMBED_MODES)},
         )  # fmt: skip
         self.num_classes = num_classes
         self.num_layers = len(depths)
@@ -545,11 +546,7 @@ class SwinTransformer(nn.Cell):
                     attn_drop=attn_drop_rate,
                     drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
                     downsample=i < self.num_layers - 1,
-                    qkv=qkv,
-                    patch_merging=patch_merging,
-                    rel_pos_bias=rel_pos_bias,
-                    custom_bprop=custom_bprop,
-                    permute=permute,
+                    formulation=formulation,
                     first_block=sum(depths[:i]),
                 )
                 for i in range(self.num_layers)
@@ -626,11 +623,7 @@ def _validate(
     window_size: int,
     mlp_ratio: float,
     rates: Mapping[str, float],
-    switches: Mapping[str, tuple[str, tuple[str, ...]]],
 ) -> None:
-    for key, (value, allowed) in switches.items():
-        if value not in allowed:
-            raise ConfigError(f"model.{key}={value!r} is not a known option; choose one of: {', '.join(allowed)}")
     sizes = dict(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
                  window_size=window_size)  # fmt: skip
     for key, value in sizes.items():
