@@ -19,6 +19,7 @@ from swinexp.config import HardwareCfg
 from swinexp.models import swin
 from swinexp.registry import DATASETS, MODELS, ConfigError
 from swinexp.runtime import hardware
+from swinexp.tracking import open_tracker
 from tests.conftest import ROOT, SMOKE
 
 
@@ -127,7 +128,8 @@ def test_unreachable_tracking_server(compose: Callable[..., DictConfig], no_mode
     uri = f"http://127.0.0.1:{_dead_port()}"
     with pytest.raises(ConfigError, match=rf"cannot reach the MLflow tracking server tracking.uri='{uri}'.*"
                                           r"tracking=none, or set tracking.on_unreachable=warn"):
-        build_experiment(resolve(compose("tracking=mlflow", f"tracking.uri={uri}")))
+        plan = resolve(compose("tracking=mlflow", f"tracking.uri={uri}"))
+        open_tracker(plan.section("tracking"), plan.hardware.shared_dir)  # what app.job.train opens before the model
     assert not (tmp_path / "mlflow-offline.db").exists() and not (tmp_path / "mlflow.db").exists()
 
 

@@ -81,7 +81,7 @@ def test_multinode_dry_run_in_slurm_prints_each_nodes_msrun_command(
         compose: Callable[..., DictConfig], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SLURM_JOB_NODELIST", "ascend[07-08]")
     monkeypatch.setenv("SLURM_NODEID", "1")
-    plan = resolve(compose("hardware=ascend8x2"))
+    plan = resolve(compose("hardware=ascend8x2"), backend=False)
     hw = plan.hardware
     assert (hw.node_rank, hw.master_addr) == (1, "ascend07")  # from SLURM: not given on the command line
     report = dry_run_report(plan, ["hardware=ascend8x2"], tmp_path)
