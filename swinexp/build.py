@@ -11,6 +11,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy, overflow
+from swinexp.amp import report as precision_report
 from swinexp.config import ACCUMULATE_ON, Composed, HardwareCfg, Plan, TrainerCfg, compose, read
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, build_loaders
 from swinexp.data.datasets import check_data_args
@@ -166,8 +167,11 @@ def build_schedule(plan: Plan, total_batch: int, steps_per_epoch: int) -> np.nda
                                     epochs=plan.trainer.epochs, steps_per_epoch=steps_per_epoch)
 
 
-def build_experiment(plan: Plan, tracker: Tracker | None = None) -> Experiment:
+def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: bool = False) -> Experiment:
     """Build model, data, optimizer and schedule, cheapest first; `tracker` (default: none) is what the loop logs to.
+
+    With `amp_report`, the experiment carries the AMP policy's dtype table and its drift against fp32 on one val
+    batch (`Experiment.amp_report`), measured on this one model before and after the policy casts it.
 
     A `data.num_classes: null` becomes the number of classes the dataset found, in the returned experiment's
     `plan` (and every model key that follows it), so the model head and the saved config agree with it.
@@ -179,7 +183,7 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None) -> Experiment:
     spec = DATASETS.build(data_cfg) if counted else None  # otherwise the model's checks run before any file is read
     if counted:
         plan = plan.with_values({"data.num_classes": spec.num_classes})
-    model = amp.apply(build_model(plan))
+    model = build_model(plan)  # fp32 until the data is there: the drift report records its fp32 outputs first
     spec = spec or DATASETS.build(data_cfg)
     head = getattr(model, "num_classes", spec.num_classes)
     if head != spec.num_classes:
@@ -191,6 +195,11 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None) -> Experiment:
                              label_smoothing=trainer.label_smoothing)
     shards, shard_id = (world_size(plan.hardware), rank()) if is_worker() else (1, 0)  # one shard per msrun worker
     train_loader, val_loader = build_loaders(spec, augment.transform, plan.seed, augment.targets, shards, shard_id)
+    if amp_report:
+        images, _ = next(iter(val_loader.epoch(0)))
+        fp32 = precision_report.fp32_outputs(model, images)
+    model = amp.apply(model)
+    report = precision_report.artifacts(fp32, model, amp, images) if amp_report else None
     batches = len(train_loader) if trainer.limit_train_batches is None else min(len(train_loader),
                                                                                 trainer.limit_train_batches)
     steps = batches // trainer.accumulation_steps  # optimizer steps; a last incomplete window is dropped
@@ -201,5 +210,5 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None) -> Experiment:
     optimizer, schedule = build_optimization(plan, model, steps, total_batch)
     hw = plan.hardware
     return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
-                      total_batch=total_batch, plan=plan,
+                      total_batch=total_batch, plan=plan, amp_report=report,
                       overflow_check=overflow.resolve(hw.overflow_check, hw.device_target, hw.chip))

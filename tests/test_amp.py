@@ -1,15 +1,17 @@
 """AMP policies on swin_micro: which cells compute in which dtype, a few finite steps, the reports, bad configs."""
 from __future__ import annotations
 
+from typing import Callable
+
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from swinexp.amp import AmpPolicy
-from swinexp.amp.report import compute_cells, compute_dtypes, drift_report, dtype_table
-from swinexp.build import check_amp_on_hardware
+from swinexp.amp.report import compute_cells, compute_dtypes, drift_report, dtype_table, fp32_outputs
+from swinexp.build import build_experiment, check_amp_on_hardware, resolve
 from swinexp.config import HardwareCfg
 from swinexp.engine.step import make_train_step
 from swinexp.optim import adamw
@@ -103,13 +105,11 @@ def test_dtype_table_lists_every_cell_once() -> None:
 
 def test_drift_is_zero_for_o0_and_small_but_nonzero_for_o3() -> None:
     images = _batch(4)[0]
-    reference = _micro()
     for name, low, high in (("o0", 0.0, 0.0), ("o3", 1e-5, 5e-2)):
         policy = AMP_POLICIES.build({"name": name})
-        candidate = _micro()
-        for p, q in zip(candidate.get_parameters(), reference.get_parameters()):
-            p.set_data(Tensor(q.asnumpy()))  # same weights
-        report = drift_report(reference, policy.apply(candidate), policy, images)
+        model = _micro()
+        reference = fp32_outputs(model, images)  # the same model, before the policy casts it
+        report = drift_report(reference, policy.apply(model), policy, images)
         rows = {line.split()[0]: float(line.split()[2]) for line in report.splitlines()[3:-2]}
         assert list(rows) == ["patch_embed", "stage0.block0", "stage0.downsample", "stage1.block0", "norm", "logits"]
         assert all(low <= err <= high for err in rows.values()), report
@@ -144,3 +144,19 @@ def test_loss_scale_modes_build_the_right_scaler() -> None:
     static = AMP_POLICIES.build({"name": "o2", "loss_scale": "static", "init_scale": 1024}).make_scaler()
     assert float(static.scale_value.asnumpy()) == 1024.0 and not hasattr(static, "counter")
     assert float(AmpPolicy(level="O0").make_scaler().scale_value.asnumpy()) == 1.0
+
+
+def test_a_runs_amp_report_comes_from_its_one_model(compose: Callable[..., DictConfig],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = []
+    build = MODELS.build
+    monkeypatch.setattr(MODELS, "build", lambda *a, **k: builds.append(a) or build(*a, **k))
+    exp = build_experiment(resolve(compose("amp=o1_manual")), amp_report=True)
+    assert len(builds) == 1  # no second fp32 model for the reference
+    assert set(exp.amp_report) == {"amp_dtypes.txt", "amp_drift.txt"}
+    rows = {line.split()[0]: line.split() for line in exp.amp_report["amp_drift.txt"].splitlines()[3:-2]}
+    assert list(rows)[0] == "patch_embed" and list(rows)[-1] == "logits"
+    assert 0.0 < float(rows["logits"][2]) < 5e-2  # fp16 drifts, a little, from the same weights in fp32
+    dtypes = compute_dtypes(exp.model, exp.amp)  # the run trains the cast model
+    assert dtypes[f"{BLOCK}.mlp.fc1"] == "float16" and dtypes["patch_embed.proj"] == "float32"
+    assert build_experiment(resolve(compose("amp=o1_manual"))).amp_report is None  # off unless asked

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
 from swinexp.amp.policies import AmpPolicy
 
@@ -103,24 +103,29 @@ def stage_outputs(network: nn.Cell, images: Tensor) -> Iterator[tuple[str, Tenso
     yield "logits", net.head(ops.mean(x, 1))
 
 
-def drift_report(reference: nn.Cell, candidate: nn.Cell, policy: AmpPolicy, images: Tensor) -> str:
+def fp32_outputs(network: nn.Cell, images: Tensor) -> dict[str, np.ndarray]:
+    """Every stage output of the fp32 network (float64 numpy), recorded before a policy casts it: the reference a
+    drift report compares with, so the run needs no second model."""
+    network.set_train(False)
+    return {k: v.asnumpy().astype(np.float64) for k, v in stage_outputs(network, images)}
+
+
+def drift_report(reference: dict[str, np.ndarray], candidate: nn.Cell, policy: AmpPolicy, images: Tensor) -> str:
     """Relative L2 error ||y - y_ref|| / ||y_ref|| and max abs error of every stage output, fp32 vs `policy`.
 
     Args:
-        reference: the fp32 network.
-        candidate: the same weights after `policy.apply`.
+        reference: `fp32_outputs` of the same weights before `policy.apply`, on `images`.
+        candidate: the network after `policy.apply`.
         policy: the policy `candidate` was cast with (for the header).
         images: one batch, (B, 3, H, W) fp32.
     """
-    reference.set_train(False)
     candidate.set_train(False)
-    ref = {k: v.asnumpy().astype(np.float64) for k, v in stage_outputs(reference, images)}
     rows, y = [], np.zeros(0)
     for name, out in stage_outputs(candidate, images):
-        y, r = out.asnumpy().astype(np.float64), ref[name]
+        y, r = out.asnumpy().astype(np.float64), reference[name]
         rows.append((name, str(out.dtype).lower(), np.linalg.norm(y - r) / max(np.linalg.norm(r), 1e-30),
                      float(np.abs(y - r).max())))
-    agree = 100.0 * np.mean(np.argmax(ref["logits"], -1) == np.argmax(y, -1))  # y: the last output, the logits
+    agree = 100.0 * np.mean(np.argmax(reference["logits"], -1) == np.argmax(y, -1))  # y: the last output
     lines = [f"precision drift: amp {policy.level} ({str(policy.dtype).lower()}) vs float32, same weights, "
              f"batch of {images.shape[0]}",
              f"{'output':<20}  {'dtype':<8}  {'rel L2 err':>10}  {'max abs err':>11}", "-" * 56]
@@ -129,21 +134,8 @@ def drift_report(reference: nn.Cell, candidate: nn.Cell, policy: AmpPolicy, imag
     return "\n".join(lines)
 
 
-def _copy_weights(source: nn.Cell, target: nn.Cell) -> None:
-    """Give `target` the parameter values of `source`, matched by name (AMP keeps names)."""
-    values = {p.name: Parameter(Tensor(p.asnumpy()), name=p.name) for p in source.get_parameters()}
-    ms.load_param_into_net(target, values, strict_load=True)
-
-
-def artifacts(reference: nn.Cell, model: nn.Cell, policy: AmpPolicy, images: Tensor) -> dict[str, str]:
-    """{file name: text} for a run to save: the dtype table and the drift report of `model` vs fp32.
-
-    Args:
-        reference: an fp32 build of the same model config (`build.build_model(cfg)`); it gets `model`'s weights.
-        model: the AMP-cast model of the run, before training.
-        policy: the run's AMP policy.
-        images: one batch from the data, fp32.
-    """
-    _copy_weights(model, reference)
+def artifacts(reference: dict[str, np.ndarray], model: nn.Cell, policy: AmpPolicy, images: Tensor) -> dict[str, str]:
+    """{file name: text} for a run to save: the dtype table and the drift report of `model` vs its own fp32
+    outputs `reference` (`fp32_outputs` before the policy was applied)."""
     return {"amp_dtypes.txt": dtype_table(model, policy),
             "amp_drift.txt": drift_report(reference, model, policy, images)}

@@ -71,9 +71,8 @@ def inspect_precision(plan: Plan, what: str | None) -> str:
                                                                       "ascend_precision_mode")))
     if what == "amp":  # no data needed: build only the model and the policy
         return header + "\n" + amp_report.dtype_table(policy.apply(build_model(plan)), policy)
-    exp = build_experiment(plan)  # an inspection is not a tracked run
-    images, _ = next(iter(exp.val_loader.epoch(0)))
-    return header + "\n" + amp_report.artifacts(build_model(exp.plan), exp.model, exp.amp, images)["amp_drift.txt"]
+    exp = build_experiment(plan, amp_report=True)  # an inspection is not a tracked run
+    return header + "\n" + exp.amp_report["amp_drift.txt"]
 
 
 def epoch_end_lr(schedule: np.ndarray, steps_per_epoch: int, epoch: int) -> float:

@@ -7,13 +7,11 @@ import json
 import logging
 from pathlib import Path
 
-from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp.amp import report as amp_report
 from swinexp.app.dry_run import dry_run, inspect_precision, warn_embedded_data
 from swinexp.app.job_info import JobInfo
-from swinexp.build import Experiment, Plan, build_amp, build_experiment, build_model, resolve
+from swinexp.build import Experiment, Plan, build_amp, build_experiment, resolve
 from swinexp.config import read, thaw
 from swinexp.engine.loop import evaluate_only, fit
 from swinexp.engine.resume import CLASSES_FILE, check_compatible, locate, remember_run_id, saved_run_id
@@ -101,10 +99,9 @@ def log_checkpoint_artifacts(tracker: Tracker, run_dir: Path, finished: bool = T
         log.warning("the checkpoint was not logged to the tracker (%s); it is in %s", err, run_dir / "checkpoints")
 
 
-def log_amp_report(exp: Experiment, reference: nn.Cell, run_dir: Path) -> None:
+def log_amp_report(exp: Experiment, run_dir: Path) -> None:
     """Save the policy's per-cell dtype table and its fp32 drift report on one val batch as run artifacts."""
-    images, _ = next(iter(exp.val_loader.epoch(0)))
-    for name, text in amp_report.artifacts(reference, exp.model, exp.amp, images).items():
+    for name, text in (exp.amp_report or {}).items():
         (run_dir / name).write_text(text)
         exp.tracker.log_artifact(run_dir / name)
 
@@ -147,7 +144,8 @@ def train(plan: Plan, job: JobInfo) -> dict[str, float]:
         job.run_dir.mkdir(parents=True, exist_ok=True)
         (job.run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(job.overrides))))
         tracker.log_artifact(job.run_dir / "overrides.yaml")
-        exp = build_experiment(resolve(plan), tracker)
+        exp = build_experiment(resolve(plan), tracker,
+                               amp_report=plan.trainer.amp_report and launch.rank() == 0 and resume_from is None)
         plan = exp.plan  # with the class count a folder dataset found
         config = thaw(plan.values)
         if resume_from is None:  # a resumed run has its params and inputs already
@@ -156,8 +154,7 @@ def train(plan: Plan, job: JobInfo) -> dict[str, float]:
             log_data(tracker, exp, str(plan.get("data.name")), job.run_dir)
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
         tracker.log_artifact(job.run_dir / "config.yaml")
-        if exp.trainer.amp_report and launch.rank() == 0 and resume_from is None:
-            log_amp_report(exp, build_model(plan), job.run_dir)
+        log_amp_report(exp, job.run_dir)
         jit = plan.hardware.mode == "graph"
         pruning = _trial_pruning(job, str(plan.get("optimized_metric")),
                                  exp.trainer.stop_after_epoch or exp.trainer.epochs)

@@ -1,6 +1,7 @@
 """`Experiment`: everything one training job needs, built and validated (by `swinexp.build.build_experiment`)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,3 +28,4 @@ class Experiment:
     total_batch: int = 0             # images per optimizer step: batch x devices x accumulation_steps
     overflow_check: str = "isfinite"  # how the step sees fp16 overflow on this device (amp/overflow.resolve)
     plan: Plan | None = None         # what it was built from, with the class count a folder dataset found
+    amp_report: Mapping[str, str] | None = None  # {file name: text}: the policy's dtype table and drift vs fp32
