@@ -6,6 +6,7 @@ runtime arguments: build_experiment passes data.img_size, the dataset's class co
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,19 +73,6 @@ def build_targets(num_classes: int, label_smoothing: float, mixup_alpha: float, 
                  mixup_switch_prob, mixup_mode, True, label_smoothing, num_classes)
 
 
-def _recipe(img_size: int, num_classes: int, label_smoothing: float, scale: Sequence[float],
-            ratio: Sequence[float], interpolation: str, hflip: float, color_jitter: float | None,
-            auto_augment: str | None, re_prob: float, re_mode: str, re_count: int, mixup_alpha: float,
-            cutmix_alpha: float, cutmix_minmax: Sequence[float] | None, mixup_prob: float,
-            mixup_switch_prob: float, mixup_mode: str) -> TrainAugment:
-    transform = create_transform(img_size, is_training=True, scale=scale, ratio=ratio, hflip=hflip,
-                                 color_jitter=color_jitter, auto_augment=auto_augment or None,
-                                 interpolation=interpolation, re_prob=re_prob, re_mode=re_mode, re_count=re_count)
-    targets = build_targets(num_classes, label_smoothing, mixup_alpha, cutmix_alpha, cutmix_minmax, mixup_prob,
-                            mixup_switch_prob, mixup_mode)
-    return TrainAugment(transform, targets)
-
-
 @AUGMENTS.register("swin")
 def swin(img_size: int, num_classes: int = 1000, label_smoothing: float = 0.1,
          scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3),
@@ -106,26 +94,18 @@ def swin(img_size: int, num_classes: int = 1000, label_smoothing: float = 0.1,
         mixup_alpha, cutmix_alpha, cutmix_minmax, mixup_prob, mixup_switch_prob, mixup_mode: timm's Mixup
             (mixup_prob is Mixup's prob); both alphas 0 and no minmax disable mixing.
     """
-    return _recipe(img_size, num_classes, label_smoothing, scale, ratio, interpolation, hflip, color_jitter,
-                   auto_augment, re_prob, re_mode, re_count, mixup_alpha, cutmix_alpha, cutmix_minmax, mixup_prob,
-                   mixup_switch_prob, mixup_mode)
+    transform = create_transform(img_size, is_training=True, scale=scale, ratio=ratio, hflip=hflip,
+                                 color_jitter=color_jitter, auto_augment=auto_augment or None,
+                                 interpolation=interpolation, re_prob=re_prob, re_mode=re_mode, re_count=re_count)
+    targets = build_targets(num_classes, label_smoothing, mixup_alpha, cutmix_alpha, cutmix_minmax, mixup_prob,
+                            mixup_switch_prob, mixup_mode)
+    return TrainAugment(transform, targets)
 
 
-@AUGMENTS.register("autoaugment")
-def autoaugment(img_size: int, num_classes: int = 1000, label_smoothing: float = 0.1,
-                scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3),
-                interpolation: str = "bicubic", hflip: float = 0.5, color_jitter: float | None = 0.4,
-                auto_augment: str | None = "original", re_prob: float = 0.0, re_mode: str = "pixel",
-                re_count: int = 1, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0,
-                cutmix_minmax: Sequence[float] | None = None, mixup_prob: float = 1.0,
-                mixup_switch_prob: float = 0.5, mixup_mode: str = "batch") -> TrainAugment:
-    """AutoAugment's ImageNet policy (timm 'original') after crop/flip; no erasing or mixing by default.
-
-    The arguments are those of `swin`; set auto_augment to 'originalr', 'v0' or 'v0r' for timm's variants.
-    """
-    return _recipe(img_size, num_classes, label_smoothing, scale, ratio, interpolation, hflip, color_jitter,
-                   auto_augment, re_prob, re_mode, re_count, mixup_alpha, cutmix_alpha, cutmix_minmax, mixup_prob,
-                   mixup_switch_prob, mixup_mode)
+# AutoAugment's ImageNet policy (timm 'original') after crop/flip, no erasing or mixing: `swin` with four changes
+# (auto_augment 'originalr', 'v0' or 'v0r' are timm's variants)
+autoaugment = AUGMENTS.register("autoaugment")(
+    functools.partial(swin, auto_augment="original", re_prob=0.0, mixup_alpha=0.0, cutmix_alpha=0.0))
 
 
 @AUGMENTS.register("light")
@@ -133,8 +113,8 @@ def light(img_size: int, num_classes: int = 1000, label_smoothing: float = 0.1,
           scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3),
           interpolation: str = "bicubic", hflip: float = 0.5) -> TrainAugment:
     """RandomResizedCrop + horizontal flip, timm's train transform without colour or auto-augment."""
-    return _recipe(img_size, num_classes, label_smoothing, scale, ratio, interpolation, hflip, None, None, 0.0,
-                   "const", 1, 0.0, 0.0, None, 1.0, 0.5, "batch")
+    return swin(img_size, num_classes, label_smoothing, scale, ratio, interpolation, hflip, color_jitter=None,
+                auto_augment=None, re_prob=0.0, mixup_alpha=0.0, cutmix_alpha=0.0)
 
 
 @AUGMENTS.register("none")
