@@ -23,14 +23,13 @@ from difflib import get_close_matches
 from pathlib import Path
 
 from benchmarks import chaos, data, kernels, memory, overhead, peers, step
-from benchmarks.harness import compose, quiet_cell_teardown, release_compiled
+from benchmarks.harness import compose, configure_device, quiet_cell_teardown, release_compiled
 from benchmarks.host import NotEnoughMemory
 from benchmarks.options import Options
 from benchmarks.record import BenchRecorder
 from benchmarks.table import BenchResult
 from benchmarks.timing import progress
 from swinexp.registry import ConfigError
-from swinexp.runtime import hardware
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
     "step": step.run, "peers": peers.run, "memory": memory.run, "kernels": kernels.run, "data": data.run,
@@ -121,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_cell_teardown()
     try:
         names, opts, args = parse(argv)
-        hardware.apply(compose(list(opts.overrides)).hardware, opts.seed)
+        configure_device(compose(list(opts.overrides)).with_values({"seed": opts.seed}))
         if args.json_out is not None:
             _measure_group(opts, args.group, args.json_out)
         elif not args.mlflow:

@@ -11,15 +11,22 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from benchmarks.worker import IMPORT_ROOT
-from swinexp.build import Plan, build_amp, build_experiment, build_optimization, plan_for, total_batch_size
+from swinexp.build import (
+    Plan,
+    build_amp,
+    build_experiment,
+    build_optimization,
+    configure_device,
+    plan_for,
+    total_batch_size,
+)
 from swinexp.config import CONF_DIR
 from swinexp.engine.step import StepOutput, TrainStep, make_train_step
 from swinexp.models.summary import summarize
 from swinexp.models.swin import SwinTransformer
 
-__all__ = ["CONF_DIR", "IMPORT_ROOT", "build_experiment", "build_train_step", "compose", "forward_flops",
-           "make_step_call",
-           "quiet_cell_teardown", "random_batch", "release_compiled"]
+__all__ = ["CONF_DIR", "IMPORT_ROOT", "build_experiment", "build_train_step", "compose", "configure_device",
+           "forward_flops", "make_step_call", "quiet_cell_teardown", "random_batch", "release_compiled"]
 
 
 

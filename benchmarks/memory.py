@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks import peers
-from benchmarks.harness import build_train_step, compose, quiet_cell_teardown, random_batch
+from benchmarks.harness import build_train_step, compose, configure_device, quiet_cell_teardown, random_batch
 from benchmarks.host import describe, rss_gb
 from benchmarks.options import Options
 from benchmarks.peak import peak_rss_gb
@@ -43,11 +43,10 @@ class Peak:
 def worker(peer: str, overrides: Sequence[str]) -> Peak:
     """Build `peer`'s train step in this process, take STEPS steps, return the figures."""
     from swinexp.registry import MODELS
-    from swinexp.runtime import hardware
     from swinexp.runtime.hardware import set_seed
 
     plan = compose(overrides)
-    hardware.apply(plan.hardware, plan.seed)
+    configure_device(plan)
     set_seed(plan.seed)
     model_cfg = plan.section("model")
     model = peers.build_mindcv_swin(model_cfg) if peer == MINDCV else MODELS.build(model_cfg)

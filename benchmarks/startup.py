@@ -14,10 +14,10 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
-from benchmarks.harness import build_experiment, compose
+from benchmarks.harness import build_experiment, compose, configure_device
 from swinexp.data import Loader
 from swinexp.engine.step import make_train_step
-from swinexp.runtime import compile_cache, hardware
+from swinexp.runtime import compile_cache
 from swinexp.tracking import NullTracker
 
 __all__ = ["main"]
@@ -39,7 +39,7 @@ def main(started: float, argv: Sequence[str] | None = None) -> None:
     plan = compose(overrides)
     composed = time.time()
     hw = plan.hardware
-    hardware.apply(hw, plan.seed)
+    configure_device(plan)
     compile_cache.enable(plan)  # as train.main: a sweep job's start-up from the graphs an earlier job compiled
     exp = build_experiment(plan, NullTracker())
     built = time.time()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import mindspore as ms
@@ -25,7 +26,8 @@ from swinexp.runtime.launch import is_worker, rank, world_size
 from swinexp.tracking import NullTracker, Tracker
 
 __all__ = ["Experiment", "Plan", "build_amp", "build_data_spec", "build_eval_transform", "build_experiment",
-           "build_model", "build_optimization", "build_schedule", "plan_for", "resolve", "total_batch_size"]
+           "build_model", "build_optimization", "build_schedule", "configure_device", "plan_for", "resolve",
+           "total_batch_size"]
 
 
 def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
@@ -104,6 +106,17 @@ def _naming_the_followed_key(plan: Plan, err: ConfigError) -> ConfigError:
 def build_amp(plan: Plan) -> AmpPolicy:
     """The precision policy of `plan.amp`; invalid combinations are rejected here."""
     return AMP_POLICIES.build(plan.section("amp"))
+
+
+def configure_device(plan: Plan, one_process: bool = False) -> None:
+    """Set the MindSpore context, seeds and kernels the plan's run needs — with its amp policy's Ascend operator
+    precision mode, so an fp32 MatMul stays fp32 on the card — once per process, before building.
+
+    Args:
+        one_process: one process on one card (serving a run, a check, a benchmark), whatever the run trained on.
+    """
+    hw = replace(plan.hardware, num_devices=1, num_nodes=1) if one_process else plan.hardware
+    hardware.apply(hw, plan.seed, plan.trainer.deterministic, build_amp(plan).ascend_precision_mode)
 
 
 def build_eval_transform(plan: Plan) -> EvalTransform:

@@ -132,6 +132,27 @@ def test_o0_refuses_a_mode_that_computes_fp32_in_fp16() -> None:
         == "allow_mix_precision"  # an fp16 policy may ask for CANN's own mixing, as a deliberate ablation
 
 
+def test_training_checking_and_serving_a_run_set_its_precision_mode(compose: Callable[..., DictConfig],
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """Parity, evaluate/export/predict and the self-check configure the device as the run did: a lowering mode the
+    run asked for (or keep-origin for o0) — not the default, which would check or serve other numbers on a card."""
+    from swinexp.parity import __main__ as parity_cli
+    from swinexp.serve.saved_run import SavedRun, setup
+
+    seen: list[tuple[int, bool, str]] = []
+    monkeypatch.setattr(hardware, "apply", lambda hw, seed, deterministic=False, precision_mode="?":
+                        seen.append((hw.num_devices, deterministic, precision_mode)))
+    overrides = ("amp=o2", "amp.ascend_precision_mode=allow_mix_precision", "trainer.deterministic=true")
+    plan = resolve(compose(*overrides))
+    setup(SavedRun(plan, tmp_path / "last.ckpt", None))
+    assert seen.pop() == (1, True, "allow_mix_precision")
+    monkeypatch.setattr(parity_cli, "open_tracker", lambda *a: (_ for _ in ()).throw(ConfigError("stop here")))
+    with pytest.raises(SystemExit):
+        parity_cli.main(["--steps", "1", *overrides, "tracking=none"])
+    assert seen.pop() == (1, True, "allow_mix_precision")
+
+
 def test_the_precision_mode_is_set_and_a_second_value_is_refused() -> None:
     class OpPrecision:  # mindspore.device_context.ascend.op_precision: settable once per process
         mode: str | None = None

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from swinexp.app.dry_run import dry_run, inspect_precision, warn_embedded_data
 from swinexp.app.job_info import JobInfo
-from swinexp.build import Experiment, Plan, build_amp, build_experiment, resolve
+from swinexp.build import Experiment, Plan, build_experiment, configure_device, resolve
 from swinexp.config import read, thaw
 from swinexp.engine.loop import evaluate_only, fit
 from swinexp.engine.resume import CLASSES_FILE, check_compatible, locate, remember_run_id, saved_run_id
@@ -47,7 +47,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         return _launch_workers(resolve(plan), job)  # a config error never waits for msrun
     if launch.is_extra_scheduler():  # several "nodes" on one host: node 0's scheduler serves them all
         return {}
-    hardware.apply(plan.hardware, plan.seed, plan.trainer.deterministic, build_amp(plan).ascend_precision_mode)
+    configure_device(plan)
     if launch.is_scheduler():  # msrun's scheduler has served the cluster inside init(); nothing else to do
         return {}
     if cfg.inspect:  # inspect=amp | inspect=drift: print the precision report and stop

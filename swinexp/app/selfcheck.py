@@ -117,13 +117,12 @@ def _training(plan: Plan) -> Check:
 def run_checks(overrides: Sequence[str], simulate_saturation: bool = False) -> list[Check]:
     """Compose `overrides` (plus quick settings), apply the hardware context, run the checks in order."""
     from swinexp.amp import overflow
-    from swinexp.build import build_amp, plan_for
-    from swinexp.runtime import hardware
+    from swinexp.build import build_amp, configure_device, plan_for
 
     plan = plan_for([*QUICK, *overrides])
     hw = replace(plan.hardware, num_devices=1, num_nodes=1)  # one card: no msrun
     policy = build_amp(plan)
-    hardware.apply(hw, plan.seed, precision_mode=policy.ascend_precision_mode)
+    configure_device(plan, one_process=True)
     resolved = overflow.resolve(hw.overflow_check, hw.device_target, hw.chip)
     checks: dict[str, Callable[[], Check]] = {
         "backend and card": lambda: _backend(hw),

@@ -19,8 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from swinexp.build import configure_device
 from swinexp.registry import ConfigError
-from swinexp.runtime import hardware
 from swinexp.tracking import open_tracker
 
 
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "run against PyTorch' (pip install -e '.[reference]')\n")
     try:
         plan = compare.parity_plan(args.overrides)
-        hardware.apply(plan.hardware, plan.seed, plan.trainer.deterministic)
+        configure_device(plan)  # as run.py does: the same precision mode and kernels as the run it checks
         tracker = open_tracker(plan.section("tracking"), plan.hardware.shared_dir)
     except ConfigError as err:
         parser.exit(2, f"ConfigError: {err}\n")

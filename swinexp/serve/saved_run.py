@@ -6,18 +6,25 @@ run's MLflow artifacts downloaded to a folder (the same layout), or from a singl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from mindspore import nn
 
-from swinexp.build import Experiment, Plan, build_eval_transform, build_experiment, build_model, resolve
+from swinexp.build import (
+    Experiment,
+    Plan,
+    build_eval_transform,
+    build_experiment,
+    build_model,
+    configure_device,
+    resolve,
+)
 from swinexp.config import saved
 from swinexp.data.transforms import EvalTransform
 from swinexp.engine import checkpoint
 from swinexp.engine.resume import CLASSES_FILE, PROGRESS_KEY, Progress
 from swinexp.registry import ConfigError
-from swinexp.runtime import hardware
 
 CHECKPOINTS = ("best", "last")
 
@@ -69,7 +76,7 @@ def open_run(source: Path, overrides: Sequence[str] = (), which: str = "best") -
 
 def setup(run: SavedRun) -> None:
     """The run's MindSpore context in this one process (a run trained on 8 workers is served by one)."""
-    hardware.apply(replace(run.plan.hardware, num_devices=1, num_nodes=1), run.plan.seed)
+    configure_device(run.plan, one_process=True)
 
 
 def load_model(run: SavedRun) -> nn.Cell:
