@@ -223,5 +223,6 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: boo
     optimizer, schedule = build_optimization(plan, model, steps, total_batch)
     hw = plan.hardware
     return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
-                      total_batch=total_batch, plan=plan, amp_report=report,
+                      total_batch=total_batch, lr_scale=lr_scale(total_batch, trainer.lr_batch_size), plan=plan,
+                      amp_report=report,
                       overflow_check=overflow.resolve(hw.overflow_check, hw.device_target, hw.chip))

@@ -26,6 +26,7 @@ class Experiment:
     tracker: Tracker
     steps_per_epoch: int             # optimizer steps; each takes trainer.accumulation_steps batches
     total_batch: int = 0             # images per optimizer step: batch x devices x accumulation_steps
+    lr_scale: float = 1.0            # every LR of the schedule times this: total_batch / trainer.lr_batch_size
     overflow_check: str = "isfinite"  # how the step sees fp16 overflow on this device (amp/overflow.resolve)
     plan: Plan | None = None         # what it was built from, with the class count a folder dataset found
     amp_report: Mapping[str, str] | None = None  # {file name: text}: the policy's dtype table and drift vs fp32

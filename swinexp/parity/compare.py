@@ -16,7 +16,6 @@ from swinexp.build import Experiment, Plan, build_experiment, plan_for
 from swinexp.engine.step import make_train_step
 from swinexp.models.convert import to_timm
 from swinexp.models.pretrained import model_state
-from swinexp.optim import lr_scale
 from swinexp.parity import reference, stages
 from swinexp.registry import ConfigError
 from swinexp.tracking import Tracker
@@ -120,7 +119,7 @@ def recipe_of(plan: Plan, exp: Experiment, lr_lag: bool = False) -> reference.Re
                           "optimizer=adamw_swin")
     if sched["name"] not in SCHEDULERS:
         raise ConfigError(f"scheduler={sched['name']}: the reference knows {', '.join(SCHEDULERS)}")
-    scale = lr_scale(exp.total_batch, trainer.lr_batch_size)
+    scale = exp.lr_scale
     base = float(opt["lr"]) * scale
     total = trainer.epochs * exp.steps_per_epoch
     if sched["name"] == "constant":
