@@ -16,6 +16,7 @@ from swinexp.amp import report as precision_report
 from swinexp.config import ACCUMULATE_ON, Composed, HardwareCfg, Plan, TrainerCfg, compose, read
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, build_loaders
 from swinexp.data.datasets import check_data_args
+from swinexp.data.pipeline import EpochSampler
 from swinexp.data.transforms import EvalTransform
 from swinexp.engine.experiment import Experiment
 from swinexp.models.swin import check_resolution
@@ -26,8 +27,8 @@ from swinexp.runtime.launch import is_worker, rank, world_size
 from swinexp.tracking import NullTracker, Tracker
 
 __all__ = ["Experiment", "Plan", "build_amp", "build_data_spec", "build_eval_transform", "build_experiment",
-           "build_model", "build_optimization", "build_schedule", "configure_device", "plan_for", "resolve",
-           "total_batch_size"]
+           "build_model", "build_optimization", "build_schedule", "configure_device", "optimizer_steps", "plan_for",
+           "resolve", "shard_sizes", "total_batch_size"]
 
 
 def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
@@ -153,6 +154,21 @@ def total_batch_size(plan: Plan, batch_size: int) -> int:
     return batch_size * world_size(plan.hardware) * plan.trainer.accumulation_steps
 
 
+def optimizer_steps(trainer: TrainerCfg, train_batches: int) -> int:
+    """Optimizer steps per epoch from one rank's train batches: capped by trainer.limit_train_batches, then
+    trainer.accumulation_steps batches a step; a last incomplete window is dropped."""
+    if trainer.limit_train_batches is not None:
+        train_batches = min(train_batches, trainer.limit_train_batches)
+    return train_batches // trainer.accumulation_steps
+
+
+def shard_sizes(plan: Plan, spec: DataSpec) -> tuple[list[int], list[int]]:
+    """Train and val samples per epoch of each of the plan's ranks (what a dry run states before workers start)."""
+    world = world_size(plan.hardware)
+    return ([len(EpochSampler(len(spec.train), 0, True, world, r)) for r in range(world)],
+            [len(EpochSampler(len(spec.val), 0, False, world, r)) for r in range(world)])
+
+
 def build_optimization(plan: Plan, model: nn.Cell, steps_per_epoch: int,
                        total_batch: int) -> tuple[nn.Optimizer, np.ndarray]:
     """The optimizer over `model` and its per-optimizer-step LR schedule over trainer.epochs.
@@ -213,12 +229,10 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: boo
         fp32 = precision_report.fp32_outputs(model, images)
     model = amp.apply(model)
     report = precision_report.artifacts(fp32, model, amp, images) if amp_report else None
-    batches = len(train_loader) if trainer.limit_train_batches is None else min(len(train_loader),
-                                                                                trainer.limit_train_batches)
-    steps = batches // trainer.accumulation_steps  # optimizer steps; a last incomplete window is dropped
+    steps = optimizer_steps(trainer, len(train_loader))
     if steps == 0:
-        raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} exceeds the {batches} train "
-                          "batches of an epoch; lower it or raise trainer.limit_train_batches / the data size")
+        raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} exceeds the {len(train_loader)} "
+                          "train batches of an epoch; lower it or raise trainer.limit_train_batches / the data size")
     total_batch = total_batch_size(plan, spec.batch_size)
     optimizer, schedule = build_optimization(plan, model, steps, total_batch)
     hw = plan.hardware

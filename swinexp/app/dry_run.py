@@ -17,9 +17,10 @@ from swinexp.build import (
     build_experiment,
     build_model,
     build_schedule,
+    optimizer_steps,
+    shard_sizes,
     total_batch_size,
 )
-from swinexp.data.pipeline import EpochSampler
 from swinexp.registry import ConfigError
 from swinexp.runtime import hardware, launch
 
@@ -36,8 +37,7 @@ def dry_run_report(plan: Plan, overrides: list[str], run_dir: Path) -> str:
              f"device_target={hw.device_target}", *launch.launch_plan(hw, overrides, run_dir)]
     lines.append("mindspore context: " + ", ".join(
         f"{k}={v}" for k, v in hardware.context_summary(hw, build_amp(plan).ascend_precision_mode).items()))
-    train = [len(EpochSampler(len(spec.train), 0, True, world, r)) for r in range(world)]
-    val = [len(EpochSampler(len(spec.val), 0, False, world, r)) for r in range(world)]
+    train, val = shard_sizes(plan, spec)
     lines.append(f"train shard per rank: {train} samples, {train[0] // spec.batch_size} batches of "
                  f"{spec.batch_size} per epoch")
     lines.append(f"val shard per rank: {val} samples")
@@ -87,12 +87,8 @@ def describe(plan: Plan) -> str:
     data = plan.section("data")
     augment = data.pop("augment", None) or {"name": "none"}
     spec = build_data_spec(plan)
-    world = launch.world_size(plan.hardware)
     total_batch = total_batch_size(plan, spec.batch_size)
-    batches = len(EpochSampler(len(spec.train), 0, True, world, 0)) // spec.batch_size
-    if trainer.limit_train_batches is not None:
-        batches = min(batches, trainer.limit_train_batches)
-    steps = batches // trainer.accumulation_steps
+    steps = optimizer_steps(trainer, shard_sizes(plan, spec)[0][0] // spec.batch_size)
     last = trainer.stop_after_epoch or trainer.epochs
     lines = [
         "recipe (every key: the same command with --cfg job):",
