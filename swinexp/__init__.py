@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from swinexp.app.resolvers import register_resolvers
-from swinexp.config import register_schemas
+from swinexp.app.resolvers import register_resolvers, register_schemas
 from swinexp.registry import AMP_POLICIES, AUGMENTS, DATASETS, MODELS, OPTIMIZERS, SCHEDULERS, TRACKERS, ConfigError
 
 register_resolvers()

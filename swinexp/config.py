@@ -1,5 +1,5 @@
-"""Typed schemas for the groups swinexp's own code reads (trainer, hardware), stored in Hydra's ConfigStore, and
-`Plan`: the composed config as frozen plain values, the one thing that crosses from the door (`swinexp.app`) into
+"""Typed schemas for the groups swinexp's own code reads (trainer, hardware; `swinexp.app` stores them in Hydra's
+ConfigStore), and `Plan`: the composed config as frozen plain values, the one thing that crosses from the door (`swinexp.app`) into
 `build` and everything below it. `read` is the only place outside `swinexp.app` that touches OmegaConf.
 
 Component groups (model, data, data/augment, amp, optimizer, scheduler, tracking) are not typed here: their keys are
@@ -14,7 +14,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from swinexp.registry import ConfigError
@@ -256,8 +255,3 @@ def option_values(group_dir: Path, name: str) -> dict[str, Any]:
     """`load_option` as plain resolved values."""
     return OmegaConf.to_container(load_option(group_dir, name), resolve=True)
 
-
-def register_schemas() -> None:
-    cs = ConfigStore.instance()
-    cs.store(group="trainer", name="base_trainer", node=TrainerCfg)
-    cs.store(group="hardware", name="base_hardware", node=HardwareCfg)

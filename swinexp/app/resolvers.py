@@ -1,9 +1,18 @@
-"""The `${swinexp.*:...}` resolvers the config files use, registered with OmegaConf when swinexp is imported."""
+"""What Hydra needs before it composes swinexp's configs, registered when swinexp is imported: the `${swinexp.*:...}`
+resolvers the config files use and the typed schemas (`base_trainer`, `base_hardware`) their defaults lists name."""
 from __future__ import annotations
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from swinexp.config import HardwareCfg, TrainerCfg
 from swinexp.runtime import modelarts, slurm
+
+
+def register_schemas() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="trainer", name="base_trainer", node=TrainerCfg)
+    cs.store(group="hardware", name="base_hardware", node=HardwareCfg)
 
 
 def register_resolvers() -> None:
