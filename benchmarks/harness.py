@@ -25,8 +25,9 @@ from swinexp.engine.step import StepOutput, TrainStep, make_train_step
 from swinexp.models.summary import summarize
 from swinexp.models.swin import SwinTransformer
 
-__all__ = ["CONF_DIR", "IMPORT_ROOT", "build_experiment", "build_train_step", "compose", "configure_device",
-           "forward_flops", "make_step_call", "quiet_cell_teardown", "random_batch", "release_compiled"]
+__all__ = ["CONF_DIR", "IMPORT_ROOT", "build_experiment", "build_optimization", "build_train_step", "compose",
+           "configure_device", "forward_flops", "make_step_call", "quiet_cell_teardown", "random_batch",
+           "release_compiled"]
 
 
 

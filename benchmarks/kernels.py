@@ -143,14 +143,14 @@ def _blocks_growth(permute: str, depth: int) -> float:
 def _adamw_growth() -> float:
     from mindspore import Parameter, Tensor, nn
 
-    from swinexp.optim import adamw
+    from benchmarks.harness import build_optimization, compose
 
     class One(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
             self.weight = Parameter(Tensor(np.ones((PARAM_SIZE // 1024, 1024), np.float32)))
 
-    optimizer = adamw(One(), lr=1e-3)
+    optimizer, _ = build_optimization(compose(["optimizer=adamw"]), One(), steps_per_epoch=1, total_batch=512)
     grads = (Tensor(np.full((PARAM_SIZE // 1024, 1024), 0.5, np.float32)),)
     before = rss_gb()
     for _ in range(2):
