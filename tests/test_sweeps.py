@@ -152,6 +152,20 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(launcher: str, tmp_path: 
     assert "| trainer.epochs=2 | " in out.stdout and "Failed jobs:\n- #0 trainer.epochs=0" in out.stdout, out.stdout
 
 
+def test_deterministic_jobs_share_one_process_on_the_basic_launcher(tmp_path: Path) -> None:
+    # MindSpore takes set_deterministic once per process: the second job must neither crash nor silently differ
+    out = _run("-m", "seed=1,2", "trainer.deterministic=true", "hydra/launcher=basic", "tracking=none",
+               *[o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=2"], "trainer.epochs=1",
+               f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert all((tmp_path / "multirun" / str(num) / "metrics.json").is_file() for num in (0, 1))
+    code = ("from swinexp.runtime.hardware import set_deterministic\n"
+            "set_deterministic(True)\nset_deterministic(False)\n")
+    refused = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "ConfigError: trainer.deterministic=false, but an earlier job in this process" in refused.stderr
+
+
 def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [sys.executable, str(ROOT / "run.py"), "-m", "seed=1,2",

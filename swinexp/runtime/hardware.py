@@ -92,8 +92,7 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, precision_mod
         ms.runtime.set_memory(optimize_level=hw.memory_optimize_level)
     if hw.jit_level is not None:
         ms.set_context(jit_config={"jit_level": hw.jit_level})
-    if deterministic:
-        ms.set_deterministic(True)
+    set_deterministic(deterministic)
     if hw.num_devices * hw.num_nodes > 1:
         init()  # inside an msrun worker: join the collective group (HCCL, NCCL or MindSpore's own on CPU)
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
@@ -129,6 +128,19 @@ def set_ascend_precision_mode(mode: str, op_precision: object | None = None) -> 
     except RuntimeError as err:  # set already in this process with another value
         raise ConfigError(f"Ascend's precision_mode is already set in this process and cannot become {mode} "
                           f"({err}); start a fresh process") from err
+
+
+def set_deterministic(on: bool) -> None:
+    """Deterministic kernels on or off for this process. MindSpore takes the setting once per process, so the jobs of
+    a sweep run one after another in one process (hydra/launcher=basic) keep the first job's setting: the same
+    setting again is a no-op, and asking to turn it off again is refused rather than silently ignored."""
+    if (ms.get_context("deterministic") == "ON") == on:
+        return
+    if not on:
+        raise ConfigError("trainer.deterministic=false, but an earlier job in this process turned MindSpore's "
+                          "deterministic kernels on, and they cannot be turned off again; run the sweep one process "
+                          "per job (hydra/launcher=isolated) or give every job the same trainer.deterministic")
+    ms.set_deterministic(True)
 
 
 def set_cpu_threads(threads: int | None) -> None:
