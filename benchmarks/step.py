@@ -18,6 +18,7 @@ from statistics import median
 
 from benchmarks.harness import IMPORT_ROOT, build_train_step, compose, forward_flops, make_step_call, random_batch
 from benchmarks.host import MemoryGuard, describe
+from benchmarks.matmul_peak import PEAK_SIZE, matmul_peak_gflops
 from benchmarks.options import Options
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import progress, round_robin
@@ -180,8 +181,10 @@ def _describe_overrides(m: Measured) -> str:
     return " ".join(m.overrides) if m.overrides else f"({OFFICIAL}, amp=o0)"
 
 
-def step_table(measured: list[Measured], opts: Options, failed: dict[str, str] | None = None) -> BenchResult:
-    """The markdown table and MLflow metrics of `measured` (ratios to the first variant of each group)."""
+def step_table(measured: list[Measured], opts: Options, failed: dict[str, str] | None = None,
+               matmul_peak: float | None = None) -> BenchResult:
+    """The markdown table and MLflow metrics of `measured` (ratios to the first variant of each group); with
+    `matmul_peak` (GFLOP/s of one large MatMul here), each step's share of it."""
     grouped = len({m.group for m in measured}) > 1
     reference = {}
     for m in measured:
@@ -193,11 +196,13 @@ def step_table(measured: list[Measured], opts: Options, failed: dict[str, str] |
         gflops = 3 * m.flops * m.batch / mid / 1e9
         rows.append((_label(m, grouped), _describe_overrides(m), f"{m.first_s:.1f}", f"{1000 * mid:.1f}",
                      f"{1000 * low:.1f}", f"{1000 * high:.1f}", f"{m.batch / mid:.2f}", f"{gflops:.2f}",
-                     f"{ratio:.3f}", f"{ratio_min:.3f}"))
+                     *([f"{100 * gflops / matmul_peak:.0f}%"] if matmul_peak else []), f"{ratio:.3f}",
+                     f"{ratio_min:.3f}"))
         key = f"step/{_label(m, grouped)}"
         metrics.update({f"{key}/median_ms": 1000 * mid, f"{key}/min_ms": 1000 * low, f"{key}/max_ms": 1000 * high,
                         f"{key}/compile_s": m.first_s, f"{key}/images_per_s": m.batch / mid,
-                        f"{key}/gflops_per_s": gflops, f"{key}/ratio_median": ratio})
+                        f"{key}/gflops_per_s": gflops, f"{key}/ratio_median": ratio,
+                        **({f"{key}/matmul_peak_share": gflops / matmul_peak} if matmul_peak else {})})
     first = measured[0]
     plan = compose(base_overrides(opts))
     where = (f"{len(reference)} processes of <= {opts.max_resident} variants, round-robin within each" if grouped
@@ -216,11 +221,14 @@ def step_table(measured: list[Measured], opts: Options, failed: dict[str, str] |
         ("GFLOP/s: 3 x forward FLOPs x batch / median step time (backward counted as 2 x forward; loss and "
          "optimizer not counted). Forward FLOPs from `swinexp.models.summary`, the official Swin count where a "
          f"multiply-add is one FLOP: {first.flops / 1e9:.3f} G per image here."),
+        *([f"of peak: the step's GFLOP/s over one {PEAK_SIZE}^3 fp32 MatMul's here, {matmul_peak:.1f} GFLOP/s (same "
+           "count: a multiply-add is one FLOP; `benchmarks/matmul_peak.py`), the practical limit of these cores"]
+          if matmul_peak else []),
         f"Mean 1-minute load average during the timed steps: {loads} (whole machine, other jobs included).",
         *(f"Left out, failed to build or compile: {name} ({error})" for name, error in (failed or {}).items()),
     )
     columns = ("variant", "overrides", "compile + 1st step (s)", "median (ms)", "min (ms)", "max (ms)", "images/s",
-               "GFLOP/s", "ratio (median)", "ratio (min)")
+               "GFLOP/s", *(["of peak"] if matmul_peak else []), "ratio (median)", "ratio (min)")
     return BenchResult("step", Table(title, columns, tuple(rows), notes), metrics)
 
 
@@ -234,4 +242,4 @@ def run(opts: Options) -> BenchResult:
                           "(the reference plus at least one variant per process)")
     grouped = opts.max_resident and len(variants) > opts.max_resident
     measured, failed = measure_in_groups(opts, variants) if grouped else measure(opts, variants)
-    return step_table(measured, opts, failed)
+    return step_table(measured, opts, failed, matmul_peak_gflops())

@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from benchmarks import peers, step
 from benchmarks.__main__ import main, parse
+from benchmarks.matmul_peak import matmul_peak_gflops
 from benchmarks.options import Options
 from benchmarks.step import Measured, parse_variant, split_groups, step_table
 from benchmarks.table import Table
@@ -231,6 +232,17 @@ def test_ratios_are_taken_within_each_process() -> None:
                          measured("baseline", 2, 4.0), measured("amp=o2", 2, 6.0)], Options(model="swin_micro"))
     ratio = {row[0]: row[result.table.columns.index("ratio (median)")] for row in result.table.rows}
     assert ratio == {"baseline #1": "1.000", "qkv=split #1": "0.500", "baseline #2": "1.000", "amp=o2 #2": "1.500"}
+
+
+def test_the_step_table_reads_each_step_against_the_matmul_peak() -> None:
+    steps = [Measured(name, (), 1, 1.0, (seconds, seconds), 0.0, 4, 10**9)
+             for name, seconds in (("a", 2.0), ("b", 4.0))]
+    result = step_table(steps, Options(model="swin_micro"), matmul_peak=60.0)
+    share = {row[0]: row[result.table.columns.index("of peak")] for row in result.table.rows}
+    assert share == {"a": "10%", "b": "5%"}  # 3 x 1 GFLOP x 4 images / 2 s = 6 GFLOP/s of 60
+    assert result.metrics["step/a/matmul_peak_share"] == pytest.approx(0.1)
+    assert "of peak" not in step_table(steps, Options(model="swin_micro")).table.columns
+    assert 0.1 < matmul_peak_gflops(size=256, repeats=2) < 1e4  # a real MatMul, timed
 
 
 def test_worker_argv_reproduces_the_options() -> None:
