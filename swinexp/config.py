@@ -1,6 +1,7 @@
 """Typed schemas for the groups swinexp's own code reads (trainer, hardware; `swinexp.app` stores them in Hydra's
-ConfigStore), and `Plan`: the composed config as frozen plain values, the one thing that crosses from the door (`swinexp.app`) into
-`build` and everything below it. `read` is the only place outside `swinexp.app` that touches OmegaConf.
+ConfigStore), and `Plan`: the composed config as frozen plain values, the one thing that crosses from the door
+(`swinexp.app`) into `build` and everything below it. `read` is the only place outside `swinexp.app` that touches
+OmegaConf.
 
 Component groups (model, data, data/augment, amp, optimizer, scheduler, tracking) are not typed here: their keys are
 checked against the registered builder's signature instead, so every field is written once.

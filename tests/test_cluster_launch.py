@@ -159,12 +159,12 @@ def test_nodes_start_only_from_one_shared_run_dir(tmp_path: Path) -> None:
     assert _meet([tmp_path / "shared"] * 3, timeout_s=20) == [None, None, None]  # a rerun meets again
 
     node0, node1 = _meet([tmp_path / "node0", tmp_path / "node1"], timeout_s=1)
-    assert str(node0) == (f"hardware.num_nodes=2: node(s) [1] did not answer node 0 in the run dir "
-                          f"{tmp_path / 'node0'} within 1 s: their run dirs are not this directory (or they did not "
-                          "start); give every node the same hydra.run.dir on a filesystem all nodes mount (e.g. under "
+    assert str(node0) == ("hardware.num_nodes=2: node(s) [1] did not answer node 0 (their run dirs are not this "
+                          f"directory, or they did not start) within 1 s in the run dir {tmp_path / 'node0'}: give "
+                          "every node the same hydra.run.dir on a filesystem all nodes mount (e.g. under "
                           "hardware.shared_dir)")
-    assert str(node1).startswith(f"hardware.num_nodes=2: node 1 did not meet node 0 in its run dir "
-                                 f"{tmp_path / 'node1'} within 1 s: node 0 uses another directory")
+    assert str(node1).startswith("hardware.num_nodes=2: node 1 did not meet node 0 (node 0 uses another directory, "
+                                 f"or did not start) within 1 s in the run dir {tmp_path / 'node1'}")
 
     # a node-local dir where node 0 once ran holds its old token and go: a node 1 there still does not pass
     assert (tmp_path / "shared" / node_sync.SYNC_DIR / "go").exists()

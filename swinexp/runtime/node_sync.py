@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from swinexp.registry import ConfigError
@@ -26,47 +27,51 @@ def check_shared(run_dir: Path, node_rank: int, num_nodes: int, timeout_s: float
         return
     sync = run_dir / SYNC_DIR
     sync.mkdir(parents=True, exist_ok=True)
+    met = _lead(sync, num_nodes) if node_rank == 0 else _follow(sync, node_rank)
     deadline = time.monotonic() + timeout_s
-    if node_rank == 0:
-        _lead(sync, num_nodes, deadline, run_dir, timeout_s)
-    else:
-        _follow(sync, node_rank, num_nodes, deadline, run_dir, timeout_s)
+    while (missing := met()) is not None:
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"hardware.num_nodes={num_nodes}: {missing} within {timeout_s:g} s in the run dir {run_dir}: "
+                "give every node the same hydra.run.dir on a filesystem all nodes mount (e.g. under "
+                "hardware.shared_dir)")
+        time.sleep(POLL_S)
 
 
-def _lead(sync: Path, num_nodes: int, deadline: float, run_dir: Path, timeout_s: float) -> None:
+def _lead(sync: Path, num_nodes: int) -> Callable[[], str | None]:
+    """Node 0's side: a fresh token out; a poll that returns None once every node answered it (and writes `go`),
+    else what is missing."""
     token = secrets.token_hex(8)
     (sync / "go").unlink(missing_ok=True)
     _write(sync / "token", token)
-    while True:
+
+    def poll() -> str | None:
         answers = {node: _read(sync / f"ack-{node}") for node in range(1, num_nodes)}
         missing = [node for node, answer in answers.items() if answer.split(" ")[0] != token]
-        if not missing:
-            _write(sync / "go", "\n".join(answers[node] for node in sorted(answers)))
-            return
-        if time.monotonic() > deadline:
-            raise ConfigError(
-                f"hardware.num_nodes={num_nodes}: node(s) {missing} did not answer node 0 in the run dir {run_dir} "
-                f"within {timeout_s:g} s: their run dirs are not this directory (or they did not start); give every "
-                "node the same hydra.run.dir on a filesystem all nodes mount (e.g. under hardware.shared_dir)")
-        time.sleep(POLL_S)
+        if missing:
+            return (f"node(s) {missing} did not answer node 0 (their run dirs are not this directory, or they did "
+                    "not start)")
+        _write(sync / "go", "\n".join(answers[node] for node in sorted(answers)))
+        return None
+
+    return poll
 
 
-def _follow(sync: Path, node_rank: int, num_nodes: int, deadline: float, run_dir: Path, timeout_s: float) -> None:
-    nonce = secrets.token_hex(8)
-    answered = ""
-    while True:
+def _follow(sync: Path, node_rank: int) -> Callable[[], str | None]:
+    """Another node's side: a poll that answers node 0's current token with a fresh nonce and returns None once
+    `go` holds that answer, else what is missing."""
+    nonce, answered = secrets.token_hex(8), [""]
+
+    def poll() -> str | None:
         token = _read(sync / "token")
-        if token and token != answered.split(" ")[0]:  # node 0 (re)started: answer its current token
-            answered = f"{token} {nonce}"
-            _write(sync / f"ack-{node_rank}", answered)
-        if answered and answered in _read(sync / "go").splitlines():
-            return
-        if time.monotonic() > deadline:
-            raise ConfigError(
-                f"hardware.num_nodes={num_nodes}: node {node_rank} did not meet node 0 in its run dir {run_dir} within "
-                f"{timeout_s:g} s: node 0 uses another directory (or did not start); give every node the same "
-                "hydra.run.dir on a filesystem all nodes mount (e.g. under hardware.shared_dir)")
-        time.sleep(POLL_S)
+        if token and token != answered[0].split(" ")[0]:  # node 0 (re)started: answer its current token
+            answered[0] = f"{token} {nonce}"
+            _write(sync / f"ack-{node_rank}", answered[0])
+        if answered[0] and answered[0] in _read(sync / "go").splitlines():
+            return None
+        return f"node {node_rank} did not meet node 0 (node 0 uses another directory, or did not start)"
+
+    return poll
 
 
 def _read(path: Path) -> str:
