@@ -14,7 +14,7 @@ The train step is the only consumer of an AmpPolicy: it calls `apply` once on th
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from difflib import get_close_matches
 
@@ -144,10 +144,8 @@ def o0(ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
     return AmpPolicy(level="O0", ascend_precision_mode=_precision_mode(ascend_precision_mode, "O0"))
 
 
-@AMP_POLICIES.register("o1")
-def o1(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
-       scale_window: int = 2000, ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
-    """MindSpore O1: white-list cells and primitives (Dense, Conv*, MatMul, ...) in `dtype`, the rest fp32.
+def _mindspore_level(level: str, doc: str) -> Callable[..., AmpPolicy]:
+    """The builder of one of MindSpore's own AMP levels (O1, O2, O3): they take the same arguments, documented once.
 
     Args:
         dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
@@ -158,8 +156,23 @@ def o1(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 
         ascend_precision_mode: Ascend's operator precision mode; the default keeps every dtype the policy's casts
             chose, so the ablation measures the policy and not CANN's own lowering.
     """
-    return _policy("O1", dtype, loss_scale, init_scale, scale_factor, scale_window,
-                   ascend_precision_mode=ascend_precision_mode)
+    def policy(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16,
+               scale_factor: int = 2, scale_window: int = 2000,
+               ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
+        return _policy(level, dtype, loss_scale, init_scale, scale_factor, scale_window,
+                       ascend_precision_mode=ascend_precision_mode)
+
+    policy.__name__ = policy.__qualname__ = level.lower()
+    policy.__doc__ = doc + " The arguments: see `_mindspore_level`."
+    return policy
+
+
+o1 = AMP_POLICIES.register("o1")(_mindspore_level(
+    "O1", "MindSpore O1: white-list cells and primitives (Dense, Conv*, MatMul, ...) in `dtype`, the rest fp32."))
+o2 = AMP_POLICIES.register("o2")(_mindspore_level(
+    "O2", "MindSpore O2: everything in `dtype` except its black list (BatchNorm1d/2d/3d, LayerNorm) in fp32."))
+o3 = AMP_POLICIES.register("o3")(_mindspore_level(
+    "O3", "MindSpore O3: every cell in `dtype`, LayerNorm and softmax included (the stress case for drift)."))
 
 
 @AMP_POLICIES.register("o1_manual")
@@ -172,31 +185,7 @@ def o1_manual(dtype: str = "float16", fp32_cells: Sequence[str] = MANUAL_FP32_CE
         dtype: "float16" or "bfloat16" (bfloat16 is not available on CPU).
         fp32_cells: mindspore.nn class names, e.g. [GELU, Softmax, LayerNorm]; subclasses match too.
 
-    The other arguments are those of `o1`.
+    The other arguments are those of `o1` (`_mindspore_level`).
     """
     return _policy("O1_manual", dtype, loss_scale, init_scale, scale_factor, scale_window, _cell_types(fp32_cells),
                    ascend_precision_mode)
-
-
-@AMP_POLICIES.register("o2")
-def o2(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
-       scale_window: int = 2000, ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
-    """MindSpore O2: everything in `dtype` except its black list (BatchNorm1d/2d/3d, LayerNorm) in fp32.
-
-
-    The other arguments are those of `o1`.
-    """
-    return _policy("O2", dtype, loss_scale, init_scale, scale_factor, scale_window,
-                   ascend_precision_mode=ascend_precision_mode)
-
-
-@AMP_POLICIES.register("o3")
-def o3(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16, scale_factor: int = 2,
-       scale_window: int = 2000, ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
-    """MindSpore O3: every cell in `dtype`, LayerNorm and softmax included (the stress case for drift).
-
-
-    The other arguments are those of `o1`.
-    """
-    return _policy("O3", dtype, loss_scale, init_scale, scale_factor, scale_window,
-                   ascend_precision_mode=ascend_precision_mode)
