@@ -72,11 +72,12 @@ def alive(proc: Proc) -> bool:
     return st is not None and st[1] != "Z" and st[2] == proc[1]
 
 
-def reap_zombie_children() -> None:
-    """Collect the exit status of adopted orphans that have died (a subreaper must, or they stay zombies)."""
+def reap_zombie_children(keep: set[int] = frozenset()) -> None:
+    """Collect the exit status of adopted orphans that have died (a subreaper must, or they stay zombies); the
+    pids in `keep` are left to whoever started them (a fixture's Popen still waits for its own child)."""
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None and st[0] == os.getpid() \
-                and st[1] == "Z":
+        if entry.name.isdigit() and int(entry.name) not in keep and (st := _stat(int(entry.name))) is not None \
+                and st[0] == os.getpid() and st[1] == "Z":
             try:
                 os.waitpid(int(entry.name), os.WNOHANG)
             except ChildProcessError:
@@ -132,8 +133,8 @@ class Guard:
     def _excused(self, tree: dict[Proc, int]) -> set[Proc]:
         """What broad-scoped fixtures started, with everything below it (a server's workers spawned later); each
         fixture's set grows to it, so that its workers are still checked after the server itself has gone."""
-        for owner, procs in self.held.items():
-            self.held[owner] = {p for p in procs if alive(p)} | self._subtree(procs, tree)
+        for owner, procs in self.held.items():  # the dead stay: a fixture's Popen may still wait for its zombie
+            self.held[owner] = self._subtree(procs, tree)
         return set().union(*self.held.values()) if self.held else set()
 
     @pytest.hookimpl(tryfirst=True)
@@ -166,17 +167,25 @@ class Guard:
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None):
-        result = yield
+        try:
+            result = yield
+        except BaseException:
+            self._check(item)  # still stop what the test left: the teardown's own error is the one reported
+            raise
+        if messages := self._check(item):
+            raise LeftoverProcesses("\n".join(messages))
+        return result
+
+    def _check(self, item: pytest.Item) -> list[str]:
+        """Settle and kill what `item` (and the broad fixtures finalized with it) left alive; what to report."""
         tree = descendants()
-        new = set(tree) - set(self.before) - self._excused(tree)
-        survivors = settle(new, self.grace_s)
-        reap_zombie_children()
+        excused = self._excused(tree)
+        survivors = settle(set(tree) - set(self.before) - excused, self.grace_s)
+        reap_zombie_children(keep={pid for pid, _ in excused})
         messages = [describe(survivors, f"test {item.nodeid}")] if survivors else []
         messages += [describe(s, owner) for owner, s in self.finalized]
         self.finalized.clear()
-        if messages:
-            raise LeftoverProcesses("\n".join(messages))
-        return result
+        return messages
 
 
 def register(config: pytest.Config) -> None:

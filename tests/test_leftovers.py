@@ -51,11 +51,29 @@ def test_again_with_the_server(server):
 '''
 
 
+# A module fixture that never stops its server: reported when the fixture is finalized, after the module's last test.
+LEAKY_FIXTURE = '''
+import subprocess
+
+import pytest
+
+@pytest.fixture(scope="module")
+def leaky():
+    yield subprocess.Popen(["sleep", "301"])
+
+def test_first(leaky):
+    pass
+
+def test_last(leaky):
+    pass
+'''
+
+
 def test_an_orphan_is_reported_with_its_command_line_and_killed(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pytester.makeconftest("from tests import leftovers\n\n"
                           "def pytest_configure(config):\n    leftovers.register(config)\n")
-    pytester.makepyfile(test_inner=INNER)
+    pytester.makepyfile(test_inner=INNER, test_leaky=LEAKY_FIXTURE)
     env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PIDS_FILE": str(pids)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -65,7 +83,7 @@ def test_an_orphan_is_reported_with_its_command_line_and_killed(pytester: pytest
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     out = result.stdout.str()
-    result.assert_outcomes(passed=5, errors=1)
+    result.assert_outcomes(passed=7, errors=2)
     assert "test_inner.py::test_orphan PASSED" in out and "ERROR at teardown of test_orphan" in out
     assert "1 process(es) started by test test_inner.py::test_orphan outlived it (killed now)" in out
     (orphan,) = [int(line) for line in pids.read_text().split()]
@@ -74,6 +92,9 @@ def test_an_orphan_is_reported_with_its_command_line_and_killed(pytester: pytest
                  "test_again_with_the_server"):
         assert f"test_inner.py::{name} PASSED" in out and f"ERROR at teardown of {name}" not in out
     assert not Path(f"/proc/{orphan}").exists()  # killed, and reaped by the inner session
+    assert "ERROR at teardown of test_last" in out and "ERROR at teardown of test_first" not in out
+    assert "1 process(es) started by module fixture 'leaky' outlived it (killed now)" in out
+    assert "sleep 301" in out
 
 
 def test_settle_waits_for_exits_and_kills_the_rest() -> None:
