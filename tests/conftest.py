@@ -12,6 +12,7 @@ from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 import swinexp  # noqa: F401  (registers components and schemas)
+from tests import leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -19,6 +20,10 @@ CONF_DIR = ROOT / "conf"
 # A real command line a developer can run too: `python run.py <these>`.
 SMOKE = ["model=swin_micro", "data=synthetic", "data.num_train=96", "data.num_val=40", "data.img_size=32",
          "data.batch_size=8", "data/augment=none", "trainer=smoke", "hardware=cpu", "amp=o0", "tracking=none"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    leftovers.register(config)  # a test whose processes outlive it errors (tests/leftovers.py)
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,56 @@ def test_locate_starts_fresh_or_names_a_bad_path(model: ms.nn.Cell, tmp_path: Pa
     assert locate(str(tmp_path / "other"), tmp_path).progress.epoch == 7  # a run dir given as the path
 
 
+def test_resume_removes_partial_writes_and_keeps_whole_files(model: ms.nn.Cell, tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    saver = _save_series(tmp_path / "checkpoints", model, [1, 2])
+    whole = sorted(p.name for p in saver.directory.iterdir())
+    partial = [".step-00000003.tmp-4242.ckpt", ".step-00000003.tmp-4242.tmp", ".last.ckpt.tmp-4242"]
+    for name in partial:  # save's file, MindSpore's own, _link's: each name a killed writer leaves
+        (saver.directory / name).write_bytes(b"half a checkpoint")
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        point = locate("auto", tmp_path)
+    assert point is not None and point.path.name == "step-00000002.ckpt"
+    assert sorted(p.name for p in saver.directory.iterdir()) == whole
+    assert caplog.text.count("a killed run left unfinished") == 3 and ".last.ckpt.tmp-4242" in caplog.text
+    assert saver.remove_partial_writes() == []
+    assert checkpoint.Checkpointer(tmp_path / "none", 1).remove_partial_writes() == []  # no folder yet
+
+
+# A writer whose fsync never returns: SIGKILLed there, its temporary file is fully written but never renamed.
+_STALLED_WRITER = """
+import os, sys, time
+import mindspore as ms
+from swinexp.engine import checkpoint
+os.fsync = lambda fd: (print("writing", flush=True), time.sleep(600))
+net = ms.nn.Dense(4, 2)
+checkpoint.save(sys.argv[1], net)
+"""
+
+
+def test_a_write_killed_midway_leaves_a_tmp_file_that_resume_removes(model: ms.nn.Cell, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    directory = tmp_path / "checkpoints"
+    _save_series(directory, model, [1])
+    writer = subprocess.Popen([sys.executable, "-c", _STALLED_WRITER, str(directory / "step-00000002.ckpt")],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=30)
+    left = sorted(p.name for p in directory.glob(".*"))
+    assert left == [f".step-00000002.tmp-{writer.pid}.ckpt"]
+    point = locate("auto", tmp_path)
+    assert point is not None and point.path.name == "step-00000001.ckpt"
+    assert not list(directory.glob(".*"))
+
+
 def test_resume_refuses_another_model_and_warns_on_other_settings(compose: Callable[..., DictConfig],
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     saved = OmegaConf.to_container(compose(), resolve=True)

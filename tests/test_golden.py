@@ -5,12 +5,13 @@ with torch + timm; regenerate it only with that script (`pip install -e ".[refer
 `python tests/golden/make_golden.py`) and commit the result. It holds a micro Swin with random weights (timm
 names), a batch with soft targets, timm's logits and input gradient for it, and a 3-step official-recipe
 trajectory (AdamW no-decay groups, warmup-cosine with warmup_epochs=0.5 at 3 steps/epoch, clip_grad_norm 0.5,
-2 micro-batches per step).
+2 micro-batches per step, a weights EMA of decay 0.75 by timm's ModelEmaV3 without warmup).
 
 Tolerances (fp32 on both sides, different kernels and summation orders), relative L2: logits 1e-5 (measured
 2.2e-7), input gradient 1e-5 (1.1e-6), every micro-batch loss 1e-5, grad norms 1e-4, LRs 1e-6 (the same
-formula), final weights 1e-4 per tensor (measured 8e-6 at worst, a qkv bias: AdamW's
-first steps move every element by about lr whatever its gradient's size, so tiny gradients amplify noise).
+formula), final weights 1e-4 per tensor (measured 1.2e-5 at worst, a qkv bias: AdamW's
+first steps move every element by about lr whatever its gradient's size, so tiny gradients amplify noise), final
+EMA weights 1e-4 per tensor (measured 4.5e-6 at worst, the same qkv bias).
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def test_train_step_follows_the_official_recipe_trajectory(compose: Callable[...
                                           r["micro_batch"] * r["accumulation_steps"])
     np.testing.assert_allclose(schedule[:r["steps"]], TENSORS["train.lrs"], rtol=1e-6)  # truncated warmup: 1 step
     step = make_train_step(model, optimizer, AmpPolicy("O0"), r["clip_grad"], jit=True,
-                           accumulation_steps=r["accumulation_steps"])
+                           accumulation_steps=r["accumulation_steps"], ema_decay=r["ema_decay"])
     model.set_train(True)
     outs = [step(Tensor(i), Tensor(t)) for i, t in zip(TENSORS["train.images"], TENSORS["train.targets"])]
     np.testing.assert_allclose([o.loss for o in outs], TENSORS["train.losses"], rtol=1e-5)
@@ -127,3 +128,11 @@ def test_train_step_follows_the_official_recipe_trajectory(compose: Callable[...
     worst = max((rel(ours[k], v), k) for k, v in final.items())
     assert worst[0] < 1e-4, worst
     assert max(rel(v, _prefixed("init.")[k]) for k, v in final.items()) > 1e-2  # the weights did move
+
+    ema = to_timm({**model_state(model), **{p.name: e.asnumpy() for p, e in zip(step.params, step.ema)}})
+    golden_ema = _prefixed("final_ema.")
+    assert golden_ema.keys() == final.keys()
+    worst = max((rel(ema[k], v), k) for k, v in golden_ema.items())
+    assert worst[0] < 1e-4, worst
+    assert min(rel(golden_ema[k], v) for k, v in final.items()) > 1e-4  # the EMA is neither the final weights
+    assert min(rel(golden_ema[k], _prefixed("init.")[k]) for k in final if "norm" not in k) > 1e-4  # nor the start

@@ -31,14 +31,51 @@ def test_parity_on_micro_agrees_and_logs_an_mlflow_run(synthetic_root: Path, tmp
     pytest.importorskip("timm", reason="the reference extra (torch + timm) is not installed")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = [*SMOKE, f"data.root={synthetic_root}", "tracking=mlflow", f"tracking.uri={uri}",
-                 "trainer.clip_grad=1.0", "trainer.accumulation_steps=2", "hardware.mode=pynative"]
-    assert main([*overrides, "--steps", "1", "--locate", "--out", str(tmp_path / "out")]) == 0
+                 "trainer.clip_grad=1.0", "trainer.accumulation_steps=2", "hardware.mode=pynative",
+                 "trainer.ema.decay=0.9"]
+    assert main([*overrides, "--steps", "2", "--locate", "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     assert "every stage within 0.0001" in printed and "max relative parameter difference" in printed
+    assert "EMA weights (timm ModelEmaV3 on the reference): max relative difference" in printed
+    assert "weights and EMA weights within 0.0001" in printed
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["parity"] == "true"
     assert run.data.metrics["parity/max_param_rel_diff"] < 1e-3
+    assert run.data.metrics["parity/max_ema_rel_diff"] < 1e-3  # measured 5.5e-5, as the weights (qkv biases)
     assert run.data.metrics["parity/loss_rel_diff"] < 1e-5
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["parity.txt"]
     assert "ref loss" in (tmp_path / "out" / "parity.txt").read_text()
+
+
+def test_the_reference_ema_follows_swinexps_rule_on_every_step_skipped_or_not() -> None:
+    """ModelEmaV3 as the reference drives it: ema = d * ema + (1 - d) * weights from the initial weights, after
+    every optimizer step (no warmup, no first-step copy), a GradScaler-skipped one too, as main.py."""
+    torch = pytest.importorskip("torch", reason="the reference extra (torch + timm) is not installed")
+    pytest.importorskip("timm", reason="the reference extra (torch + timm) is not installed")
+    import numpy as np
+
+    from swinexp.parity import reference
+
+    arch = dict(img_size=32, patch_size=4, in_chans=3, num_classes=4, embed_dim=8, depths=(1,), num_heads=(2,),
+                window_size=4, mlp_ratio=2.0, qkv_bias=True)
+    torch.manual_seed(0)
+    model = reference.timm_swin(arch)
+    recipe = reference.Recipe(base_lr=1e-2, warmup_lr=1e-2, min_lr=1e-2, weight_decay=0.05, betas=(0.9, 0.999),
+                              eps=1e-8, total_steps=3, warmup_steps=0, ema_decay=0.6, amp_dtype="float16",
+                              init_scale=2.0**100, scale_factor=2.0**100)  # step 1 overflows fp16, then scale 1
+    trainer = reference.ReferenceTrainer(model, recipe)
+    rng = np.random.default_rng(0)
+    expected = reference.numpy_state(model)
+    skipped = []
+    for _ in range(3):
+        images = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
+        targets = np.eye(4, dtype=np.float32)[rng.integers(0, 4, 2)]
+        skipped.append(trainer.step([(images, targets)]).skipped)
+        weights = reference.numpy_state(model)
+        expected = {k: 0.6 * expected[k] + 0.4 * weights[k] for k in expected}
+    assert skipped[0] and not skipped[-1]
+    ema = trainer.ema_state()
+    assert ema.keys() == expected.keys()
+    assert max(float(np.abs(ema[k] - v).max()) for k, v in expected.items()) < 1e-6
+    assert max(float(np.abs(ema[k] - weights[k]).max()) for k in ema) > 1e-3  # not a copy of the weights

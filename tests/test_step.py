@@ -177,6 +177,20 @@ def test_ema_follows_the_weights_per_optimizer_step_and_swaps() -> None:
     np.testing.assert_array_equal(_weights(net)[0], w1[0])
 
 
+def test_an_overflow_skipped_step_still_updates_the_ema_toward_the_unchanged_weights() -> None:
+    net = _dense()
+    step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.5), AmpPolicy("O0"), None,
+                           jit=True, ema_decay=0.75)
+    w0 = _weights(net)
+    step(*_batch(8))
+    w1 = _weights(net)
+    ema1 = [0.75 * a + 0.25 * b for a, b in zip(w0, w1)]
+    assert step(Tensor(np.full((8, 4), np.inf, np.float32)), _batch(8)[1]).overflow
+    assert all(np.array_equal(a, b) for a, b in zip(w1, _weights(net)))  # skipped: the weights stay
+    for e, a, b in zip(step.ema, ema1, w1):  # as main.py's model_ema.update(model) after a skipped step
+        np.testing.assert_allclose(e.asnumpy(), 0.75 * a + 0.25 * b, atol=1e-6)
+
+
 def test_accumulate_on_cpu_runs_and_says_where(caplog: pytest.LogCaptureFixture) -> None:
     net = _dense()
     with caplog.at_level(logging.INFO, logger="swinexp"):

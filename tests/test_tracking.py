@@ -310,3 +310,108 @@ def test_run_py_against_a_dead_server_with_warn_trains_into_the_offline_store(tm
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "overrides.yaml", "classes.txt",
                                                                         "checkpoints"}
+
+
+# --- a synced run is the run logged live -------------------------------------------------------------------------
+
+def _log_sweep(uri: str, root: Path, synthetic_root: Path) -> tuple[str, str]:
+    """A sweep of one real training job (dataset inputs, system metrics, checkpoints) with its report, logged to
+    `uri` the way run.py -m logs it; returns (parent id, job id)."""
+    from swinexp.app.job import run
+    from swinexp.app.job_info import JobInfo
+    from swinexp.app.sweep_callback import SweepInfo
+    from swinexp.tracking.report import sweep_report
+
+    parent = MlflowTracker(uri, "sync", system_metrics_interval_s=None)
+    parent_id = parent.start("sweep optimizer.lr=1e-3", {"sweep.role": "parent", "sweep.keys": "optimizer.lr"})
+    parent.log_params({"sweep.definition": "optimizer.lr=1e-3"})
+    overrides = [*SMOKE, f"data.root={synthetic_root}", "tracking=mlflow", f"tracking.uri={uri}",
+                 "tracking.experiment=sync", "tracking.log_every_n_steps=1", "tracking.log_checkpoints=both",
+                 "tracking.system_metrics_interval_s=0.2", "optimizer.lr=1e-3"]
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose_cfg("config", overrides=overrides)
+        choices = compose_cfg("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices
+    run(cfg, JobInfo(run_dir=root / "job", overrides=overrides, choices=dict(choices),
+                     sweep=SweepInfo(parent_id, ("optimizer.lr",), 0)))
+    sweep_report(uri, "sync", parent_id, epoch=2, out=root / "report")
+    parent.close("FINISHED")
+    client = MlflowClient(uri)
+    (job,) = client.search_runs([client.get_experiment_by_name("sync").experiment_id],
+                                f"tags.`sweep.id` = '{parent_id}'")
+    return parent_id, job.info.run_id
+
+
+def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    out = []
+    for info in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, info.path) if info.is_dir else [info.path]
+    return sorted(out)
+
+
+# values that depend on the clock or the machine's load, not on what was trained
+TIMED = ("system/", "time/", "perf/")
+
+
+def _same_run(target: MlflowClient, copy_id: str, live_id: str, ids: dict[str, str]) -> None:
+    """Field by field: the synced copy and the live run, run ids (`ids`: id -> placeholder) put aside."""
+    copy, live = target.get_run(copy_id), target.get_run(live_id)
+    assert copy.info.run_name == live.info.run_name and copy.info.status == live.info.status == "FINISHED"
+    where = {"tracking.uri"}  # the store each was logged to: the one thing that differs by design
+    assert {k: v for k, v in copy.data.params.items() if k not in where} == \
+        {k: v for k, v in live.data.params.items() if k not in where}
+    assert sorted(copy.data.metrics) == sorted(live.data.metrics)
+    for key in copy.data.metrics:
+        ours, theirs = target.get_metric_history(copy_id, key), target.get_metric_history(live_id, key)
+        if key.startswith(TIMED) or "time" in key or "per_s" in key:
+            assert len(ours) > 0 and len(theirs) > 0, key
+            continue
+        assert [(m.step, m.value) for m in ours] == [(m.step, m.value) for m in theirs], key
+
+    def tags(run) -> dict[str, str]:
+        out = {k: ids.get(v, v) for k, v in run.data.tags.items()
+               if k not in ("swinexp.synced_from", "pid", "swinexp.run_dir", "overrides")}
+        return out
+
+    assert tags(copy) == tags(live)
+    assert copy.data.tags["swinexp.synced_from"] not in (copy_id, live_id)
+
+    def inputs(run) -> list[tuple]:
+        return sorted((d.dataset.name, d.dataset.digest, d.dataset.source, tuple((t.key, t.value) for t in d.tags))
+                      for d in run.inputs.dataset_inputs)
+
+    assert inputs(copy) == inputs(live)
+    assert _artifacts(target, copy_id) == _artifacts(target, live_id)
+
+
+@pytest.mark.slow
+def test_a_synced_sweep_is_field_by_field_the_sweep_logged_live(tmp_path: Path, synthetic_root: Path) -> None:
+    offline, live = f"sqlite:///{tmp_path}/offline.db", f"sqlite:///{tmp_path}/target.db"
+    src_parent, src_job = _log_sweep(offline, tmp_path / "offline", synthetic_root)
+    live_parent, live_job = _log_sweep(live, tmp_path / "live", synthetic_root)
+    assert [line.split(":")[0] for line in _sync(offline, live)] == ["created", "created"]
+
+    target = MlflowClient(live)
+    exp = target.get_experiment_by_name("sync")
+    runs = {r.info.run_id: r for r in target.search_runs([exp.experiment_id])}
+    copy_parent = next(i for i, r in runs.items() if r.data.tags.get("swinexp.synced_from") == src_parent)
+    copy_job = next(i for i, r in runs.items() if r.data.tags.get("swinexp.synced_from") == src_job)
+    assert len(runs) == 4
+    assert runs[copy_job].data.tags["mlflow.parentRunId"] == runs[copy_job].data.tags["sweep.id"] == copy_parent
+
+    job_run = target.get_run(copy_job)
+    assert {d.tags[0].value for d in job_run.inputs.dataset_inputs} == {"training", "validation"}
+    assert any(k.startswith("system/") for k in job_run.data.metrics)  # system metrics came along
+    assert "checkpoints/last.ckpt" in _artifacts(target, copy_job)
+    assert "report/report.html" in _artifacts(target, copy_parent)
+    _same_run(target, copy_job, live_job, {copy_parent: "<parent>", live_parent: "<parent>"})
+    _same_run(target, copy_parent, live_parent, {})
+
+    # the sweep's shared view of the UI, on the copy: the parent's id swapped for its copy's
+    from swinexp.tracking.ui import SHARED_VIEW_TAG
+    view = exp.tags[SHARED_VIEW_TAG + copy_parent]
+    assert view == exp.tags[SHARED_VIEW_TAG + live_parent].replace(live_parent, copy_parent)
+    assert src_parent not in view and copy_parent in view
+
+    again = _sync(offline, live)
+    assert [line.split(":")[0] for line in again] == ["up to date", "up to date"], again
+    assert len(target.get_run(copy_job).inputs.dataset_inputs) == len(job_run.inputs.dataset_inputs)

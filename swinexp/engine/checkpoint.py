@@ -161,6 +161,19 @@ class Checkpointer:
             shutil.copyfile(target, tmp)
         os.replace(tmp, self.directory / name)  # atomic: `name` is always a whole file
 
+    def remove_partial_writes(self) -> list[Path]:
+        """Delete what a writer killed mid-write left behind: `save`'s `.<stem>.tmp-<pid>.ckpt`, MindSpore's own
+        `.<stem>.tmp-<pid>.tmp` and `_link`'s `.<name>.tmp-<pid>`. Only call it before this run writes here (resume).
+
+        Returns:
+            The files removed, each logged with a warning.
+        """
+        removed = sorted(self.directory.glob(".*.tmp-*")) if self.directory.is_dir() else []
+        for path in removed:
+            path.unlink(missing_ok=True)
+            log.warning("removed '%s', a checkpoint write that a killed run left unfinished", path)
+        return removed
+
     def series(self) -> list[Path]:
         """The step files, newest first."""
         return sorted(self.directory.glob("step-*.ckpt"), reverse=True)

@@ -70,7 +70,9 @@ def locate(resume: str | None, run_dir: Path) -> ResumePoint | None:
     if resume is None or resume == "never":
         return None
     if resume == "auto":
-        found = checkpoint.Checkpointer(run_dir / "checkpoints", keep_last=0).latest_valid()
+        checkpointer = checkpoint.Checkpointer(run_dir / "checkpoints", keep_last=0)
+        checkpointer.remove_partial_writes()  # this run's own writes start after locate
+        found = checkpointer.latest_valid()
     else:
         path = Path(resume).expanduser()
         if path.is_dir():

@@ -335,12 +335,14 @@ class TrainStep:
                 if clip_grad is not None:
                     grads = clip_by_global_norm(grads, norm, clip_grad)
                 optimizer(grads)
-                if ema_decay is not None:
-                    _map(ops.partial(_ema_update, ema_decay), ema, params)
             else:
                 # a skipped step still advances the LR schedule, as the official loop's step_update on every
                 # iteration; the update count behind AdamW's bias correction stays (optim.AdamW.update_steps)
                 advance(optimizer.global_step, optimizer.global_step_increase_tensor)
+            if ema_decay is not None:
+                # every optimizer step, skipped or not, as the official main.py and timm's train.py call
+                # model_ema.update(model) after the loss scaler: a skipped one pulls the EMA toward unchanged weights
+                _map(ops.partial(_ema_update, ema_decay), ema, params)
             if adjusts_scale:  # a no-op adjust left in the graph made MindSpore warn that it eliminated it
                 scaler.adjust(finite)
             return norm, ops.logical_not(finite), scale

@@ -55,6 +55,7 @@ class Report:
     header: list[str]
     steps: list[StepRow] = field(default_factory=list)
     params: list[tuple[str, float]] = field(default_factory=list)   # worst first
+    ema: list[tuple[str, float]] = field(default_factory=list)      # the EMA weights (trainer.ema.decay), worst first
     stages: list[StageRow] = field(default_factory=list)
     first_divergent: str | None = None
     tolerance: float = 0.0
@@ -63,10 +64,21 @@ class Report:
     def max_param_rel_diff(self) -> float:
         return self.params[0][1] if self.params else math.nan
 
+    @property
+    def max_ema_rel_diff(self) -> float:
+        return self.ema[0][1] if self.ema else math.nan
+
+    def beyond_tolerance(self) -> list[str]:
+        """What failed the check: the weights or the EMA weights further apart than `tolerance`."""
+        worst = (("parameters", self.max_param_rel_diff), ("EMA weights", self.max_ema_rel_diff))
+        return [what for what, value in worst if value > self.tolerance]  # NaN (no EMA) is never beyond
+
     def metrics(self) -> dict[str, float]:
         """The run's final metrics (per-step ones are logged by step)."""
         out = {"parity/max_param_rel_diff": self.max_param_rel_diff,
                "parity/max_loss_rel_diff": max((rel_diff(*r.loss) for r in self.steps), default=math.nan)}
+        if self.ema:
+            out["parity/max_ema_rel_diff"] = self.max_ema_rel_diff
         if self.stages:
             out["parity/max_stage_forward_rel_diff"] = max(s.forward for s in self.stages)
             out["parity/max_stage_grad_rel_diff"] = max(s.grad for s in self.stages)
@@ -99,6 +111,14 @@ class Report:
             lines += ["", (f"after {len(self.steps)} steps: max relative parameter difference "
                           f"{self.max_param_rel_diff:.2e} (||p - p_ref|| / ||p_ref|| per tensor); worst:")]
             lines += [f"  {name:<48} {d:.2e}" for name, d in self.params[:worst]]
+        if self.ema:
+            lines += ["", (f"EMA weights (timm ModelEmaV3 on the reference): max relative difference "
+                           f"{self.max_ema_rel_diff:.2e}; worst:")]
+            lines += [f"  {name:<48} {d:.2e}" for name, d in self.ema[:worst]]
+        if self.params:
+            failed = self.beyond_tolerance()
+            lines.append(f"FAILED: {' and '.join(failed)} beyond {self.tolerance:g}" if failed
+                         else f"weights{' and EMA weights' if self.ema else ''} within {self.tolerance:g}")
         return "\n".join(lines)
 
 
@@ -135,7 +155,7 @@ def recipe_of(plan: Plan, exp: Experiment, lr_lag: bool = False) -> reference.Re
                             warmup_steps=warmup, clip_grad=trainer.clip_grad,
                             accumulation_steps=trainer.accumulation_steps, amp_dtype=low,
                             init_scale=amp.init_scale, scale_factor=float(amp.scale_factor),
-                            scale_window=amp.scale_window, lr_lag=lr_lag)
+                            scale_window=amp.scale_window, lr_lag=lr_lag, ema_decay=trainer.ema.decay)
 
 
 def check_deterministic(plan: Plan) -> None:
@@ -186,7 +206,8 @@ def check(plan: Plan, tracker: Tracker, steps: int = 5, locate: bool = False, to
     Args:
         tracker: where the run's metrics go (started by the caller; build_experiment gets it).
         locate: also compare every stage's output and gradient on the first batch (always done under amp).
-        tolerance: relative difference that counts as divergence; default 1e-4 in fp32, 5e-2 under amp.
+        tolerance: relative difference that counts as divergence (of a stage, the final weights, the EMA
+            weights); default 1e-4 in fp32, 5e-2 under amp.
     """
     check_deterministic(plan)
     exp = build_experiment(plan, tracker)
@@ -218,7 +239,7 @@ def check(plan: Plan, tracker: Tracker, steps: int = 5, locate: bool = False, to
         report.stages, report.first_divergent = compare_stages(exp, ref_model, images, targets, recipe.amp_dtype,
                                                                tolerance)
     train_step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, hw.mode == "graph",
-                                 trainer.accumulation_steps, trainer.accumulate_on)
+                                 trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
     ref = reference.ReferenceTrainer(ref_model, recipe)
     exp.model.set_train(True)
     window = first_window
@@ -239,4 +260,9 @@ def check(plan: Plan, tracker: Tracker, steps: int = 5, locate: bool = False, to
     ours, theirs = to_timm(model_state(exp.model)), reference.numpy_state(ref_model)
     report.params = sorted(((name, rel_diff(ours[name], value)) for name, value in theirs.items()),
                            key=lambda item: -item[1])
+    if train_step.ema is not None:
+        ema = to_timm({**model_state(exp.model), **{p.name: e.asnumpy() for p, e in zip(train_step.params,
+                                                                                      train_step.ema)}})
+        report.ema = sorted(((name, rel_diff(ema[name], value)) for name, value in ref.ema_state().items()),
+                            key=lambda item: -item[1])
     return report

@@ -11,7 +11,10 @@ What "the official way" means here (microsoft/Swin-Transformer main.py, optimize
 - soft-target cross entropy on the (mixup / label-smoothing) targets of the data pipeline;
 - gradient accumulation as `loss / accumulation_steps` per micro-batch, one optimizer step per window;
 - torch.amp GradScaler: unscale, `clip_grad_norm_` (its norm is the logged grad norm), step (skipped on inf),
-  update; the scheduler's `step_update` runs for every window, skipped or not.
+  update; the scheduler's `step_update` runs for every window, skipped or not;
+- weights EMA (`Recipe.ema_decay`): timm's ModelEmaV3 updated after every optimizer step, skipped or not, as
+  main.py's `model_ema.update(model)`; no step argument, so a constant decay from the first step (no warmup,
+  no first-step copy), swinexp's rule: ema = decay * ema + (1 - decay) * weights, starting from the initial weights.
 One difference is chosen, not copied: by default step k uses f(k) (timm's convention, as swinexp);
 `lr_lag=True` reproduces main.py, which calls `step_update(k)` after step k, so step k uses f(k-1).
 """
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer
 from timm.scheduler.cosine_lr import CosineLRScheduler
+from timm.utils.model_ema import ModelEmaV3
 
 NO_DECAY_NAMES = ("absolute_pos_embed",)
 NO_DECAY_KEYWORDS = ("relative_position_bias_table",)
@@ -105,6 +109,7 @@ class Recipe:
     scale_factor: float = 2.0
     scale_window: int = 2000
     lr_lag: bool = False              # True: main.py's f(k-1) at step k
+    ema_decay: float | None = None    # weights EMA per optimizer step (swinexp's trainer.ema.decay); None: off
 
 
 def official_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe) -> CosineLRScheduler:
@@ -142,7 +147,13 @@ class ReferenceTrainer:
         self.scaler = torch.amp.GradScaler("cpu", init_scale=recipe.init_scale, growth_factor=recipe.scale_factor,
                                            backoff_factor=1.0 / recipe.scale_factor,
                                            growth_interval=recipe.scale_window, enabled=enabled)
+        # built from the loaded weights: the EMA starts at them, as swinexp's (TrainStep.ema, init="same")
+        self.ema = ModelEmaV3(model, decay=recipe.ema_decay) if recipe.ema_decay is not None else None
         self.step_index = 0
+
+    def ema_state(self) -> dict[str, np.ndarray]:
+        """The EMA weights (parameters only, timm names); empty without `Recipe.ema_decay`."""
+        return numpy_state(self.ema.module) if self.ema is not None else {}
 
     def autocast(self) -> Any:
         dtype = AUTOCAST_DTYPES.get(self.recipe.amp_dtype or "", torch.float32)
@@ -172,6 +183,8 @@ class ReferenceTrainer:
         self.scaler.update()
         skipped = self._update_count() == steps_before
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)  # step=None: the constant decay; after a skipped step too, as main.py
         if self.recipe.lr_lag:
             self.scheduler.step_update(self.step_index)  # main.py: after the step, so step k+1 uses f(k)
         self.step_index += 1

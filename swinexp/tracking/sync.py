@@ -1,11 +1,15 @@
 """Replay an offline store (`tracking.fallback_uri`) into a tracking server, losing nothing and duplicating nothing.
 
-Every run is copied with its experiment name, run name, tags, params, every metric value (step and timestamp),
-status, end time and artifacts. A continuation run (tag `swinexp.continues_run`, written when the server went down
-mid-run) is merged into the server run it continues. Each replayed run gets `swinexp.synced_to=<target id>` in the
-offline store, right after its copy is created, and a later sync completes that copy incrementally: values already
-in the target (same key, step, timestamp and value), params already set and artifacts of the same path and size
-are skipped, so syncing twice, or again after an interrupted sync, adds nothing twice.
+Every run is copied with its experiment name, run name, tags, params, every metric value (step and timestamp; system
+metrics too), dataset inputs (MLflow's Datasets panel, with their context), status, end time and artifacts
+(checkpoints, a sweep's report). A sweep's links follow the replayed parent: a job's `mlflow.parentRunId` and
+`sweep.id` name the parent's copy, and the experiment's tags (its kind, the sweep's shared view of the UI) are
+copied with the parent's id replaced by its copy's. A continuation run (tag `swinexp.continues_run`, written when
+the server went down mid-run) is merged into the server run it continues. Each replayed run gets
+`swinexp.synced_to=<target id>` in the offline store, right after its copy is created, and a later sync completes
+that copy incrementally: values already in the target (same key, step, timestamp and value), params already set and
+artifacts of the same path and size are skipped, so syncing twice, or again after an interrupted sync, adds nothing
+twice.
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from swinexp.registry import ConfigError
 from swinexp.tracking import CONTINUES_RUN, SYNCED_FROM, SYNCED_TO, check_reachable, find_run, open_experiment
 
 PARENT_TAG = "mlflow.parentRunId"
-NOT_COPIED_TAGS = {"mlflow.runName", SYNCED_TO, PARENT_TAG}  # the name is set on creation, the parent is mapped
+RUN_ID_TAGS = (PARENT_TAG, "sweep.id")  # tags whose value is another run's id: mapped to that run's copy
+NOT_COPIED_TAGS = {"mlflow.runName", SYNCED_TO}  # the name is set on creation
 BATCH = 1000  # MLflow's limit on metrics per log_batch call
 TERMINAL = {"FINISHED", "FAILED", "KILLED"}
 
@@ -38,11 +43,13 @@ class SyncResult:
     metric_values: int
     artifacts: int
     status: str
+    inputs: int = 0      # dataset inputs added
     conflicts: tuple[str, ...] = ()  # params the target already holds with another value (kept as they are)
 
     def summary(self) -> str:
         line = (f"{self.action}: {self.experiment}/'{self.run_name}' {self.source_id} -> {self.target_id}: "
-                f"+{self.params} params, +{self.metric_values} metric values, +{self.artifacts} artifacts, "
+                f"+{self.params} params, +{self.metric_values} metric values, +{self.inputs} dataset inputs, "
+                f"+{self.artifacts} artifacts, "
                 f"status {self.status}")
         return line + (f"; params kept with the target's value: {', '.join(self.conflicts)}" if self.conflicts else "")
 
@@ -85,7 +92,24 @@ def sync(source_uri: str, target_uri: str, experiment: str | None = None) -> lis
         copies.update({r.info.run_id: r.data.tags[SYNCED_TO] for r in runs if SYNCED_TO in r.data.tags})
         for run in runs:
             results.append(_sync_run(source, target, run, exp.name, target_exp, copies))
+        _copy_experiment_tags(exp, target, target_exp, copies)
     return results
+
+
+def _remap(text: str, copies: dict[str, str]) -> str:
+    for src_id, dst_id in copies.items():
+        text = text.replace(src_id, dst_id)
+    return text
+
+
+def _copy_experiment_tags(exp: Any, target: Any, target_exp: str, copies: dict[str, str]) -> None:
+    """The experiment's tags (its kind, a sweep's shared UI view `mlflow.sharedViewState.<parent id>` with the
+    parent's id in its filter), with every replayed run's id replaced by its copy's."""
+    have = target.get_experiment(target_exp).tags
+    for key, value in exp.tags.items():
+        key, value = _remap(key, copies), _remap(value, copies)
+        if have.get(key) != value:
+            target.set_experiment_tag(target_exp, key, value)
 
 
 def _all_runs(client: Any, experiment_id: str) -> Iterator[Any]:
@@ -133,8 +157,9 @@ def _sync_run(source: Any, target: Any, run: Any, experiment: str, target_exp: s
     wanted = {k: v for k, v in tags.items() if k not in NOT_COPIED_TAGS}
     if wanted.get(CONTINUES_RUN) == dst_id:
         del wanted[CONTINUES_RUN]  # merged: the copy is the run it continues
-    if PARENT_TAG in tags:
-        wanted[PARENT_TAG] = copies.get(tags[PARENT_TAG], tags[PARENT_TAG])  # kept as is if never replayed here
+    for key in RUN_ID_TAGS:
+        if key in tags:
+            wanted[key] = copies.get(tags[key], tags[key])  # kept as is if never replayed here
     new_tags = [RunTag(k, v) for k, v in wanted.items() if copy.data.tags.get(k) != v]
     params = [Param(k, v) for k, v in run.data.params.items() if k not in copy.data.params]
     conflicts = tuple(k for k, v in run.data.params.items() if copy.data.params.get(k, v) != v)
@@ -149,6 +174,7 @@ def _sync_run(source: Any, target: Any, run: Any, experiment: str, target_exp: s
     for i in range(0, len(metrics), BATCH):
         target.log_batch(dst_id, metrics=metrics[i:i + BATCH])
 
+    inputs = _copy_inputs(run, target, copy if action != "created" else None, dst_id)
     artifacts = _copy_artifacts(source, target, src_id, dst_id)
     status = run.info.status
     ends = status in TERMINAL and (copy.info.status != status or copy.info.end_time != run.info.end_time)
@@ -156,15 +182,31 @@ def _sync_run(source: Any, target: Any, run: Any, experiment: str, target_exp: s
         target.set_terminated(dst_id, status, end_time=run.info.end_time)
     elif status not in TERMINAL:  # still running offline, or killed before it could close: the copy stays as is
         status = copy.info.status
-    changed = action == "created" or new_tags or params or metrics or artifacts or ends
+    changed = action == "created" or new_tags or params or metrics or inputs or artifacts or ends
     return SyncResult(experiment, run.info.run_name, src_id, dst_id, action if changed else "up to date",
-                      len(params), len(metrics), artifacts, status, conflicts)
+                      len(params), len(metrics), artifacts, status, inputs=inputs, conflicts=conflicts)
 
 
 def _identity(metric: Any) -> tuple[str, int, int, str]:
     """A metric value as a comparable key; NaN != NaN, so values compare by their repr."""
     value = "nan" if math.isnan(metric.value) else repr(float(metric.value))
     return metric.key, metric.step, metric.timestamp, value
+
+
+def _input_identity(entry: Any) -> tuple:
+    d = entry.dataset
+    return d.name, d.digest, d.source_type, d.source, tuple(sorted((t.key, t.value) for t in entry.tags))
+
+
+def _copy_inputs(run: Any, target: Any, copy: Any | None, dst_id: str) -> int:
+    """Log the run's dataset inputs (dataset and context tags) that the copy lacks; returns how many."""
+    from mlflow.entities import DatasetInput
+
+    present = {_input_identity(d) for d in copy.inputs.dataset_inputs} if copy is not None and copy.inputs else set()
+    missing = [d for d in (run.inputs.dataset_inputs if run.inputs else []) if _input_identity(d) not in present]
+    if missing:
+        target.log_inputs(dst_id, datasets=[DatasetInput(d.dataset, d.tags) for d in missing])
+    return len(missing)
 
 
 def _files(client: Any, run_id: str, path: str | None = None) -> Iterator[Any]:

@@ -7,8 +7,9 @@ The fixture holds a micro Swin (swin_micro at 32 px, embed_dim 16, 10 classes) w
 biases not at 1/0, large relative position tables so the bias path matters), a forward batch with its soft
 targets, timm's logits and input gradient for it, and a 3-step trajectory of the official recipe (AdamW with
 the no-decay groups, warmup-cosine per step with a fractional warmup, clip_grad_norm, accumulation of 2
-micro-batches): every micro-batch loss, the LR and grad norm of each step, the final weights. All tensors use
-timm's names (`init.*`, `final.*`); the architecture and recipe are in the file's metadata (`golden` JSON).
+micro-batches, a weights EMA of decay 0.75 by timm's ModelEmaV3): every micro-batch loss, the LR and grad norm of
+each step, the final weights and the final EMA weights. All tensors use timm's names (`init.*`, `final.*`,
+`final_ema.*`); the architecture and recipe are in the file's metadata (`golden` JSON).
 `tests/test_golden.py` checks swinexp against it without torch.
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ ARCH = {"img_size": 32, "patch_size": 4, "in_chans": 3, "num_classes": 10, "embe
         "num_heads": [2, 4], "window_size": 4, "mlp_ratio": 4.0, "qkv_bias": True}
 # swinexp config overrides that state the same recipe (test_golden composes them)
 RECIPE = {"lr": 1e-3, "warmup_lr": 1e-5, "min_lr": 1e-5, "weight_decay": 0.05, "epochs": 2, "steps_per_epoch": 3,
-          "warmup_epochs": 0.5, "clip_grad": 0.5, "accumulation_steps": 2, "micro_batch": 2, "steps": 3}
+          "warmup_epochs": 0.5, "clip_grad": 0.5, "accumulation_steps": 2, "micro_batch": 2, "steps": 3,
+          "ema_decay": 0.75}  # a low decay: after 3 steps the EMA is still far from both the start and the end
 
 
 def random_state(model: torch.nn.Module, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -72,7 +74,7 @@ def main() -> None:
     recipe = reference.Recipe(base_lr=r["lr"], warmup_lr=r["warmup_lr"], min_lr=r["min_lr"],
                               weight_decay=r["weight_decay"], betas=(0.9, 0.999), eps=1e-8, total_steps=total,
                               warmup_steps=int(r["warmup_epochs"] * r["steps_per_epoch"]), clip_grad=r["clip_grad"],
-                              accumulation_steps=r["accumulation_steps"])
+                              accumulation_steps=r["accumulation_steps"], ema_decay=r["ema_decay"])
     micro = r["steps"] * r["accumulation_steps"]
     train_images = rng.normal(0, 1, (micro, r["micro_batch"], 3, size, size)).astype(np.float32)
     train_targets = np.stack([soft_targets(rng, r["micro_batch"], classes) for _ in range(micro)])
@@ -88,7 +90,8 @@ def main() -> None:
                "train.losses": np.array([loss for rec in records for loss in rec.losses], np.float32),
                "train.lrs": np.array([rec.lr for rec in records], np.float32),
                "train.grad_norms": np.array([rec.grad_norm for rec in records], np.float32),
-               **{f"init.{k}": v for k, v in init.items()}, **{f"final.{k}": v for k, v in final.items()}}
+               **{f"init.{k}": v for k, v in init.items()}, **{f"final.{k}": v for k, v in final.items()},
+               **{f"final_ema.{k}": v for k, v in trainer.ema_state().items()}}
     meta = {"arch": ARCH, "recipe": RECIPE, "torch": torch.__version__, "timm": __import__("timm").__version__,
             "clipped_steps": [rec.grad_norm > r["clip_grad"] for rec in records]}
     save_file(tensors, str(OUT), metadata={"golden": json.dumps(meta)})
