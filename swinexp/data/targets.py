@@ -1,17 +1,25 @@
-"""Batch-level target transforms: (images, int labels, rng) -> (images, soft targets (B, K) float32).
+"""Batch-level target transforms: a batch's host draws (`draw`) and its soft targets (B, K) float32 (`targets`).
 
 The train loss is always a soft-target cross entropy; label smoothing (and batch mixing such as Mixup/CutMix)
-lives here, on the host, where timm puts it too.
+lives here, on the host, where timm puts it too. The pixels are mixed on the device from the same draws
+(`swinexp.data.prologue`); calling a BatchTransform does both on the host, for tests and interactive use.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from swinexp.data.mixup import MixDraws
+
 
 class BatchTransform(Protocol):
+    def draw(self, batch: int, img_h: int, img_w: int, rng: np.random.Generator) -> MixDraws: ...
+
+    def targets(self, labels: np.ndarray, draws: MixDraws) -> np.ndarray: ...
+
     def __call__(self, images: np.ndarray, labels: np.ndarray,
                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -30,6 +38,14 @@ class SmoothedTargets:
 
     num_classes: int
     smoothing: float = 0.1
+
+    def draw(self, batch: int, img_h: int, img_w: int, rng: np.random.Generator) -> MixDraws:
+        from swinexp.data.mixup import MixDraws  # mixup imports smooth_one_hot from here
+
+        return MixDraws.identity(batch)
+
+    def targets(self, labels: np.ndarray, draws: MixDraws) -> np.ndarray:
+        return smooth_one_hot(labels, self.num_classes, self.smoothing)
 
     def __call__(self, images: np.ndarray, labels: np.ndarray,
                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
