@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swinexp.data.targets import smooth_one_hot
+from swinexp.data.targets import MixDraws, smooth_one_hot
 
 MIX_MODES = ("batch", "pair", "elem")
 Box = tuple[int, int, int, int]  # (y_low, y_high, x_low, x_high)
@@ -49,33 +49,6 @@ def cutmix_bbox_and_lam(shape: tuple[int, ...], lam: float, rng: np.random.Gener
         yl, yh, xl, xh = box
         lam = 1.0 - (yh - yl) * (xh - xl) / float(shape[-2] * shape[-1])
     return box, float(lam)
-
-
-@dataclass(frozen=True)
-class MixDraws:
-    """The draws of one batch as per-image arrays; image i's partner is image B-1-i.
-
-    Pixels: out_i = where(in box_i, x_partner, x_i * weight_i + x_partner * partner_weight_i); an image left alone
-    has weight 1, partner weight 0 and an empty box, a CutMix image the same weights and its box.
-    Targets: lam_i * y_i + partner_lam_i * y_partner (smoothed one-hot y).
-
-    Attributes:
-        weight, partner_weight: float32 (B,) pixel weights, the float32 values timm multiplies by.
-        box: int32 (B, 4) y_low, y_high, x_low, x_high of the pasted partner pixels (empty: all 0).
-        lam, partner_lam: float32 (B,) target weights (CutMix: lam corrected to the pasted area).
-    """
-
-    weight: np.ndarray
-    partner_weight: np.ndarray
-    box: np.ndarray
-    lam: np.ndarray
-    partner_lam: np.ndarray
-
-    @classmethod
-    def identity(cls, batch: int) -> MixDraws:
-        """No mixing: every image keeps its pixels and its own label."""
-        ones, zeros = np.ones(batch, np.float32), np.zeros(batch, np.float32)
-        return cls(ones, zeros, np.zeros((batch, 4), np.int32), ones.copy(), zeros.copy())  # filled in place
 
 
 def mix_images(x: np.ndarray, draws: MixDraws) -> np.ndarray:
