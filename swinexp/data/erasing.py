@@ -4,17 +4,26 @@
 a noise key per box for 'pixel') from the image's numpy Generator, in timm's order; the draws are small arrays that
 travel with the uint8 pixels. `erase` applies them to a normalized float32 CHW image here, and
 `swinexp.data.prologue` applies the same draws to a batch on the device. Per-pixel noise is a pure function of
-(key, element index), `pixel_noise`, so both give the same pixels.
+(key, element index), `pixel_noise`: it reads a fixed table of N(0, 1) values at positions the key permutes, so
+host and device give the same pixels bit for bit, and the device needs one int32 index and a gather per element
+(a hash per element held int64 intermediates of the whole batch: 300 MB each at batch 256, 224 px).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 ERASE_MODES = ("const", "rand", "pixel")
-_U32 = 0xFFFFFFFF
+NOISE_BITS = 22  # the noise table: 2^22 float32 N(0, 1) values (16 MB), enough for one image up to 1182 px
+
+
+@functools.cache
+def noise_table() -> np.ndarray:
+    """float32 (2^NOISE_BITS,) N(0, 1), fixed: the values 'pixel' erasing reads (the device gets the same array)."""
+    return np.random.default_rng(0x5EED).standard_normal(1 << NOISE_BITS, dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -24,7 +33,7 @@ class EraseDraws:
     Attributes:
         boxes: int32 (R, 4) top, left, height, width of each box in the order timm writes them; height 0: no box.
         colours: float32 (R, C): the fill of each box in 'rand' mode (zeros otherwise).
-        keys: int64 (R, 2): two 32-bit words per box keying its per-pixel noise in 'pixel' mode (zeros otherwise).
+        keys: int64 (R, 2): per box, the (xor mask, offset) of its pixel noise in 'pixel' mode (zeros otherwise).
     """
 
     boxes: np.ndarray
@@ -32,30 +41,17 @@ class EraseDraws:
     keys: np.ndarray
 
 
-def _mul32_np(x: np.ndarray, c: int) -> np.ndarray:
-    return (x * np.uint64(c)) & np.uint64(_U32)  # x < 2^32, c < 2^32: the product fits 64 bits
-
-
-def mix32_np(x: np.ndarray) -> np.ndarray:
-    """lowbias32 (C. Wellons) on uint64 holding 32-bit values: the numpy twin of the prologue's hash."""
-    x = x ^ (x >> np.uint64(16))
-    x = _mul32_np(x, 0x7FEB352D)
-    x = x ^ (x >> np.uint64(15))
-    x = _mul32_np(x, 0x846CA68B)
-    return x ^ (x >> np.uint64(16))
+def noise_positions(key: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Where in `noise_table()` element `index` of a (C*H*W) image reads its noise: ((index ^ mask) + offset) mod
+    2^NOISE_BITS, a bijection of the image's elements onto distinct table entries for each key."""
+    wrap = (1 << NOISE_BITS) - 1
+    return ((index.astype(np.int64) ^ (int(key[0]) & wrap)) + (int(key[1]) & wrap)) & wrap
 
 
 def pixel_noise(key: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """float32 N(0, 1) for each element index (of the C*H*W image), a pure function of (key, index): Box-Muller
-    over two hashed 32-bit words. `swinexp.data.prologue.pixel_noise` computes the same on the device."""
-    n = index.astype(np.uint64) * np.uint64(2)
-    k0, k1 = np.uint64(int(key[0]) & _U32), np.uint64(int(key[1]) & _U32)
-    h1 = mix32_np(mix32_np(n ^ k0) ^ k1)
-    h2 = mix32_np(mix32_np((n + np.uint64(1)) ^ k0) ^ k1)
-    u1 = (h1.astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-32)  # (0, 1]: log stays finite
-    u2 = h2.astype(np.float32) * np.float32(2.0**-32)
-    radius = np.sqrt(np.float32(-2.0) * np.log(u1))
-    return (radius * np.cos(np.float32(2 * math.pi) * u2)).astype(np.float32)
+    """float32 N(0, 1) for each element index of the C*H*W image, a pure function of (key, index): entries of a
+    fixed table, so the device (`swinexp.data.prologue`) reads exactly the same values."""
+    return noise_table()[noise_positions(key, index)]
 
 
 @dataclass(frozen=True)
@@ -95,6 +91,9 @@ class RandomErasing:
         """The draws for one (C, H, W) image, in timm's order: erase?, count, then per box up to 10 tries of
         (area, aspect) and, for a box that fits, (top, left) and its fill."""
         chan, img_h, img_w = shape
+        if self.mode == "pixel" and chan * img_h * img_w > 1 << NOISE_BITS:
+            raise ValueError(f"RandomErasing mode='pixel' reads at most 2^{NOISE_BITS} noise values per image; "
+                             f"a {chan} x {img_h} x {img_w} image needs more")
         boxes = np.zeros((self.slots, 4), np.int32)
         colours = np.zeros((self.slots, chan), np.float32)
         keys = np.zeros((self.slots, 2), np.int64)
@@ -116,7 +115,7 @@ class RandomErasing:
                     if self.mode == "rand":
                         colours[r] = rng.standard_normal(chan, dtype=np.float32)
                     elif self.mode == "pixel":
-                        keys[r] = rng.integers(0, 2**32, 2, dtype=np.int64)
+                        keys[r] = rng.integers(0, 1 << NOISE_BITS, 2, dtype=np.int64)
                     break
         return EraseDraws(boxes, colours, keys)
 

@@ -4,7 +4,7 @@ Workers send pixels as uint8 (3 bytes a pixel instead of 12) and the few numbers
 per-pixel work timm's pipeline does on the host happens here, in one small jitted graph per batch shape:
 
     float -> /255 -> -mean -> /std   (torchvision's ToTensor + Normalize, same float32 ops in the same order)
-    -> RandomErasing from the per-image draws (boxes; a colour or a noise key per box)
+    -> RandomErasing from the per-image draws (boxes; a colour, or a key into a fixed noise table, per box)
     -> Mixup / CutMix from the per-batch draws (pixel weights and a box per image, partner B-1-i)
 
 `swinexp.data.erasing` and `swinexp.data.mixup` apply the same draws with numpy (`RandomErasing.erase`,
@@ -12,50 +12,29 @@ per-pixel work timm's pipeline does on the host happens here, in one small jitte
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from swinexp.data.erasing import EraseDraws
+from swinexp.data.erasing import NOISE_BITS, EraseDraws, noise_table
 from swinexp.data.targets import MixDraws
 
 __all__ = ["Prologue", "normalize", "pixel_noise"]
 
-_U32 = 0xFFFFFFFF
-
-
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """(x * c) mod 2^32 for int64 x in [0, 2^32), in 16-bit halves of c so no intermediate exceeds 2^49."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return ops.bitwise_and(x * lo + ops.bitwise_and(x * hi, 0xFFFF) * 65536, _U32)
-
-
-def _mix32(x: Tensor) -> Tensor:
-    """lowbias32 (C. Wellons), as `erasing.mix32_np`."""
-    x = ops.bitwise_xor(x, ops.floor_divide(x, 1 << 16))
-    x = _mul32(x, 0x7FEB352D)
-    x = ops.bitwise_xor(x, ops.floor_divide(x, 1 << 15))
-    x = _mul32(x, 0x846CA68B)
-    return ops.bitwise_xor(x, ops.floor_divide(x, 1 << 16))
-
-
-def pixel_noise(keys: Tensor, size: int) -> Tensor:
-    """float32 (B, size) N(0, 1): row b is `erasing.pixel_noise(keys[b], arange(size))`.
+def pixel_noise(table: Tensor, keys: Tensor, size: int) -> Tensor:
+    """float32 (B, size) N(0, 1): row b is `erasing.pixel_noise(keys[b], arange(size))`, read from the same table.
 
     Args:
-        keys: int64 (B, 2), one box's noise key per image.
+        table: float32 (2^NOISE_BITS,), `erasing.noise_table()`.
+        keys: int64 (B, 2) (xor mask, offset), one box's noise key per image, each < 2^NOISE_BITS.
         size: C * H * W.
     """
-    n = ops.arange(0, size, dtype=ms.int64).reshape(1, size) * 2
-    k0, k1 = keys[:, 0:1], keys[:, 1:2]  # (B, 1)
-    h1 = _mix32(ops.bitwise_xor(_mix32(ops.bitwise_xor(n, k0)), k1))
-    h2 = _mix32(ops.bitwise_xor(_mix32(ops.bitwise_xor(n + 1, k0)), k1))
-    u1 = (ops.cast(h1, ms.float32) + 0.5) * 2.0**-32
-    u2 = ops.cast(h2, ms.float32) * 2.0**-32
-    return ops.sqrt(-2.0 * ops.log(u1)) * ops.cos((2 * math.pi) * u2)
+    index = ops.arange(0, size, dtype=ms.int32).reshape(1, size)
+    keys = ops.cast(keys, ms.int32)  # int32 all the way: (B, C*H*W) int64 intermediates were 300 MB each
+    position = ops.bitwise_and(ops.bitwise_xor(index, keys[:, 0:1]) + keys[:, 1:2], (1 << NOISE_BITS) - 1)
+    return ops.gather(table, position.reshape(-1), 0).reshape(-1, size)
 
 
 def normalize(pixels: Tensor, mean: Tensor, std: Tensor) -> Tensor:
@@ -73,13 +52,14 @@ def _box_mask(h: int, w: int, top: Tensor, bottom: Tensor, left: Tensor, right: 
     return ops.expand_dims(ops.logical_and(rows, cols), 1)
 
 
-def erase(x: Tensor, boxes: Tensor, colours: Tensor, keys: Tensor, mode: str) -> Tensor:
+def erase(x: Tensor, boxes: Tensor, colours: Tensor, keys: Tensor, table: Tensor, mode: str) -> Tensor:
     """RandomErasing of every image from its draws, box by box (a later box overwrites an earlier one).
 
     Args:
         x: float32 (B, C, H, W), normalized.
         boxes: int32 (B, R, 4) top, left, height, width (height 0: no box).
         colours: float32 (B, R, C), the 'rand' fills; keys: int64 (B, R, 2), the 'pixel' noise keys.
+        table: the 'pixel' noise table.
         mode: 'const', 'rand' or 'pixel'.
     """
     b, c, h, w = x.shape
@@ -87,7 +67,7 @@ def erase(x: Tensor, boxes: Tensor, colours: Tensor, keys: Tensor, mode: str) ->
         top, left, bh, bw = boxes[:, r, 0], boxes[:, r, 1], boxes[:, r, 2], boxes[:, r, 3]
         inside = ops.broadcast_to(_box_mask(h, w, top, top + bh, left, left + bw), (b, c, h, w))
         if mode == "pixel":
-            fill = pixel_noise(keys[:, r], c * h * w).reshape(b, c, h, w)
+            fill = pixel_noise(table, keys[:, r], c * h * w).reshape(b, c, h, w)
         elif mode == "rand":
             fill = ops.broadcast_to(colours[:, r].reshape(b, c, 1, 1), (b, c, h, w))
         else:
@@ -106,10 +86,11 @@ def mix(x: Tensor, weight: Tensor, partner_weight: Tensor, box: Tensor) -> Tenso
 
 
 def _train(pixels: Tensor, mean: Tensor, std: Tensor, boxes: Tensor, colours: Tensor, keys: Tensor,
-           weight: Tensor, partner_weight: Tensor, box: Tensor, erase_mode: str, mixes: bool) -> Tensor:
+           table: Tensor, weight: Tensor, partner_weight: Tensor, box: Tensor, erase_mode: str,
+           mixes: bool) -> Tensor:
     x = normalize(pixels, mean, std)
     if erase_mode:
-        x = erase(x, boxes, colours, keys, erase_mode)
+        x = erase(x, boxes, colours, keys, table, erase_mode)
     if mixes:
         x = mix(x, weight, partner_weight, box)
     return x
@@ -135,6 +116,8 @@ class Prologue:
         self.mean = Tensor(np.asarray(mean, np.float32).reshape(-1, 1, 1))
         self.std = Tensor(np.asarray(std, np.float32).reshape(-1, 1, 1))
         self.erase_mode, self.mixes = erase_mode or "", mixes
+        # uploaded once; a 1-element stand-in when no box reads it
+        self.table = Tensor(noise_table() if erase_mode == "pixel" else np.zeros(1, np.float32))
         self._normalize, self._train = (_normalize_jit, _train_jit) if jit else (normalize, _train)
 
     def eval(self, pixels: Tensor) -> Tensor:
@@ -154,7 +137,7 @@ class Prologue:
             boxes, colours, keys = _NO_ERASE
         else:
             boxes, colours, keys = (erase.boxes, erase.colours, erase.keys) if isinstance(erase, EraseDraws) else erase
-        return self._train(pixels, self.mean, self.std, _tensor(boxes), _tensor(colours), _tensor(keys),
+        return self._train(pixels, self.mean, self.std, _tensor(boxes), _tensor(colours), _tensor(keys), self.table,
                            Tensor(mix.weight), Tensor(mix.partner_weight), Tensor(mix.box), self.erase_mode,
                            self.mixes)
 
