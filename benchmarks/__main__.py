@@ -1,4 +1,4 @@
-"""`python -m benchmarks [step] [peers] [memory] [kernels] [data] [overhead] [chaos] [key=value ...]`: tables.
+"""`python -m benchmarks [step] [peers] [memory] [kernels] [data] [loader] [overhead] [chaos] [key=value ...]`: tables.
 
     python -m benchmarks step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
     python -m benchmarks memory                             # peak RSS at batch 16: swinexp, MindCV, timm
@@ -8,6 +8,7 @@
     python -m benchmarks step --max-resident 3              # hosts that cannot hold all compiled variants
     python -m benchmarks data --images 512 --workers 2
     python -m benchmarks data --source-size 500x375          # ImageNet-sized JPEGs, cropped to 224
+    python -m benchmarks loader --step-ms 454 --batch 256    # worker/main cost, bytes, cores per card
     python -m benchmarks overhead --mlflow                  # also log the table as an MLflow run
     python -m benchmarks chaos --kills 30                   # SIGKILL + resume a training 30 times
 """
@@ -22,7 +23,7 @@ from dataclasses import asdict
 from difflib import get_close_matches
 from pathlib import Path
 
-from benchmarks import chaos, data, kernels, memory, overhead, peers, step
+from benchmarks import chaos, data, kernels, loader, memory, overhead, peers, step
 from benchmarks.harness import compose, configure_device, quiet_cell_teardown, release_compiled
 from benchmarks.host import NotEnoughMemory
 from benchmarks.options import Options
@@ -33,7 +34,7 @@ from swinexp.registry import ConfigError
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
     "step": step.run, "peers": peers.run, "memory": memory.run, "kernels": kernels.run, "data": data.run,
-    "overhead": overhead.run, "chaos": chaos.run}
+    "loader": loader.run, "overhead": overhead.run, "chaos": chaos.run}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="data: size of the JPEGs the pipelines decode, e.g. 500x375 as an ImageNet photo "
                              "(default: --img-size square)")
     parser.add_argument("--workers", type=int, default=2, help="data: measure 1..N pipeline workers (default: 2)")
+    parser.add_argument("--step-ms", type=float, default=454.0,
+                        help="loader: train step time (ms) a card's feed must sustain at --batch (default: 454)")
     parser.add_argument("--kills", type=int, default=3, help="chaos: SIGKILLs of the training (default: 3)")
     parser.add_argument("--mlflow", action="store_true", help="log the tables and figures as an MLflow run "
                                                               "(experiment swinexp-bench)")
@@ -86,7 +89,8 @@ def parse(argv: Sequence[str]) -> tuple[list[str], Options, argparse.Namespace]:
                    iters=args.iters, warmup=args.warmup, seed=args.seed,
                    overrides=tuple(item for item in args.items if item not in names),
                    variants=tuple(args.variants), max_resident=args.max_resident, images=args.images,
-                   source_size=args.source_size, workers=args.workers, kills=args.kills)
+                   source_size=args.source_size, workers=args.workers, kills=args.kills,
+                   step_ms=args.step_ms)
     if opts.kills < 1:
         raise ConfigError(f"--kills={opts.kills} must be >= 1")
     if opts.source_size is not None:

@@ -26,6 +26,7 @@ class Options:
         source_size: data: "WxH" of those JPEGs (e.g. 500x375, an ImageNet-sized photo); None: img_size square.
         workers: data: measure 1..workers pipeline workers.
         kills: chaos: SIGKILLs of the training, each followed by a resume.
+        step_ms: loader: the train step time (ms) a card's feed must sustain, at `batch` images per step.
     """
 
     model: str | None = None
@@ -42,6 +43,7 @@ class Options:
     source_size: str | None = None
     workers: int = 2
     kills: int = 3
+    step_ms: float = 454.0
 
     def model_overrides(self, model: str | None, batch: int | None, img_size: int | None) -> list[str]:
         """model=..., data.batch_size=..., data.img_size=...: the options given, else the defaults passed here."""
@@ -53,7 +55,7 @@ class Options:
         """CLI flags reproducing these options (for worker processes), without the sub-benchmark names."""
         argv = [f"--num-classes={self.num_classes}", f"--iters={self.iters}", f"--warmup={self.warmup}",
                 f"--seed={self.seed}", f"--images={self.images}", f"--workers={self.workers}",
-                f"--kills={self.kills}"]
+                f"--kills={self.kills}", f"--step-ms={self.step_ms}"]
         for flag, value in (("--model", self.model), ("--batch", self.batch), ("--img-size", self.img_size),
                             ("--source-size", self.source_size)):
             if value is not None:

@@ -281,3 +281,39 @@ def test_swin_preset_is_the_official_recipe() -> None:
     assert isinstance(t.color[0], RandAugment) and len(t.color) == 1  # no ColorJitter next to RandAugment
     assert t.erasing == RandomErasing(0.25, mode="pixel", max_count=1)
     assert aug.targets == Mixup(0.8, 1.0, None, 1.0, 0.5, "batch", True, 0.1, 1000)
+
+
+@pytest.mark.parametrize("mode,max_count", [("const", 1), ("rand", 1), ("pixel", 1), ("pixel", 3), ("rand", 4)])
+def test_erasing_draws_applied_equal_timms_random_erasing(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                          max_count: int) -> None:
+    torch = pytest.importorskip("torch", reason="the reference extra (torch, timm) is not installed")
+    timm_erasing = pytest.importorskip("timm.data.random_erasing")
+    from tests.replay import Recorder, Replay
+
+    ours = RandomErasing(0.6, mode=mode, max_count=max_count)
+    reference = timm_erasing.RandomErasing(0.6, mode=mode, max_count=max_count, device="cpu")
+    img = np.random.default_rng(0).standard_normal((3, 23, 19)).astype(np.float32)
+    erased = 0
+    for seed in range(16):
+        recorder = Recorder(np.random.default_rng([seed, 9]))
+        draws = ours.draw(img.shape, recorder)
+        fills = [torch.from_numpy(np.ascontiguousarray(ours.fill(draws, r, img.shape)))
+                 for r in range(ours.slots) if draws.boxes[r, 2] > 0]
+        replay = Replay(recorder, python_randint=True)
+        monkeypatch.setattr(timm_erasing, "random", replay)
+        monkeypatch.setattr(timm_erasing, "_get_pixels", lambda *args, _fills=fills, **kwargs: _fills.pop(0))
+        expected = reference(torch.from_numpy(img.copy())).numpy()
+        assert replay.exhausted() and not fills
+        assert np.array_equal(ours.erase(img.copy(), draws), expected), (mode, seed)
+        erased += bool(draws.boxes[:, 2].any())
+    assert 0 < erased < 16
+
+
+def test_pixel_noise_is_standard_normal_and_keyed() -> None:
+    from swinexp.data.erasing import pixel_noise
+
+    index = np.arange(200_000)
+    a = pixel_noise(np.array([1, 2]), index)
+    assert a.dtype == np.float32 and abs(a.mean()) < 0.01 and abs(a.std() - 1) < 0.01
+    assert np.isfinite(a).all() and np.array_equal(a, pixel_noise(np.array([1, 2]), index))
+    assert np.corrcoef(a, pixel_noise(np.array([1, 3]), index))[0, 1] < 0.01

@@ -183,6 +183,28 @@ def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixtur
         assert len(rows) == 4 and timm_rows == [] and "pip install -e '.[reference]'" in out.err
 
 
+def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny `loader` run: per dataset, pipeline and worker count, sane figures; uint8 pixels cross over."""
+    from benchmarks.loader import COLUMNS
+    from benchmarks.timm_peer import reference_installed
+
+    assert main(["loader", "--images", "10", "--batch", "5", "--img-size", "16", "--workers", "1",
+                 "--step-ms", "100"]) == 0
+    out = capsys.readouterr().out
+    ((header, rows),) = tables(out)
+    assert tuple(header) == COLUMNS
+    assert {(row[0].split(" ")[0], row[1]) for row in rows} >= {("generated", "train"), ("generated", "eval")}
+    for row in rows:
+        assert row[header.index("workers")] == "1"
+        assert float(row[header.index("pixel bytes/image")]) == 16 * 16 * 3  # uint8 HWC, nothing else per pixel
+        extra = float(row[header.index("bytes/image")]) - 16 * 16 * 3
+        assert 0 < extra <= 100  # label, index, flag and the erase draws: a few dozen bytes
+        assert all(v > 0 for v in numbers(header, row, ("images/s", "worker ms/image", "main CPU ms/batch",
+                                                          "cores/card")))
+        assert (row[header.index("timm ms/image")] != "-") == reference_installed()
+    assert "8-card host, train:" in out and "device prologue" in out
+
+
 def test_a_bad_source_size_is_refused_before_any_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["step", "data", "--source-size", "500 by 375"]) == 2
     assert "--source-size='500 by 375': give width x height in pixels, e.g. 500x375" in capsys.readouterr().err

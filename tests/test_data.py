@@ -244,7 +244,7 @@ def test_unreadable_file_is_replaced_by_the_next_sample_logged_and_flagged(tmp_p
     source = DecodeTransform(samples, EvalTransform(16, 1.0), seed=0)
     with caplog.at_level(logging.WARNING):
         image, label, index, skipped = source[0]
-    assert label == 1 and skipped == 1 and index == 0 and image.shape == (3, 16, 16)
+    assert label == 1 and skipped == 1 and index == 0 and image.shape == (16, 16, 3) and image.dtype == np.uint8
     assert "truncated.jpg" in caplog.text
     assert source[1][3] == 0
 
@@ -312,3 +312,37 @@ def test_class_index_file_sets_the_label_order(tmp_path: Path, index_format: str
     (tmp_path / "bad.txt").write_text("n02\nn03\n")
     with pytest.raises(ConfigError, match=r"only in the index: \['n03'\], only in the folder: \['n01'\]"):
         imagenet(str(tmp_path / "d"), num_classes=2, class_index=str(tmp_path / "bad.txt"))
+
+
+# --- uint8 across the process boundary, normalize / erase / mix on the device ----------------------------------------
+
+@pytest.mark.parametrize("mode,mixup_mode", [("pixel", "batch"), ("rand", "elem"), ("const", "pair")])
+def test_device_prologue_gives_the_batches_of_the_host_pipeline(tmp_path: Path, mode: str, mixup_mode: str) -> None:
+    """Each train batch equals what timm's order computes on the host from the same draws: per image transform +
+    normalize + erase (generator (seed, epoch, i)), then Mixup/CutMix on the stack (generator (seed, *indices))."""
+    spec = synthetic(root=str(tmp_path / "s"), num_train=12, num_val=5, num_classes=3, img_size=24, batch_size=4)
+    aug = swin(24, num_classes=3, re_prob=0.8, re_mode=mode, re_count=2, mixup_mode=mixup_mode)
+    train, val = build_loaders(spec, aug.transform, 7, aug.targets)
+    for epoch in (0, 1):
+        for row in train.raw_epoch(epoch):
+            pixels, labels, indices = (t.asnumpy() for t in row[:3])
+            assert pixels.dtype == np.uint8 and pixels.shape == (4, 24, 24, 3)  # 3 bytes a pixel cross over
+            images, targets = (t.asnumpy() for t in train.finish(row))
+            host = np.stack([aug.transform(load_rgb(spec.train[int(i) % 12][0]), np.random.default_rng([7, epoch,
+                                                                                                    int(i) % 12]))
+                             for i in indices])
+            expected, expected_targets = aug.targets(host, labels, np.random.default_rng([7, *indices.tolist()]))
+            assert np.array_equal(images, expected)  # bit for bit, the pixel noise included
+            assert np.array_equal(targets, expected_targets)
+    for (images, labels), row in zip(val.epoch(0), val.raw_epoch(0)):
+        host = np.stack([EvalTransform(24, spec.crop_pct)(load_rgb(spec.val[int(i)][0])) for i in row[2].asnumpy()])
+        assert np.array_equal(images.asnumpy(), host) and labels.dtype == row[1].dtype  # normalized bit for bit
+
+
+def test_a_resumed_epoch_redraws_the_same_erasing_and_mixing(tmp_path: Path) -> None:
+    spec = synthetic(root=str(tmp_path / "s"), num_train=16, num_val=4, num_classes=4, img_size=16, batch_size=4)
+    aug = swin(16, num_classes=4, re_prob=0.5)
+    train, _ = build_loaders(spec, aug.transform, 3, aug.targets)
+    whole = [(x.asnumpy(), y.asnumpy()) for x, y in train.epoch(1)]
+    resumed = [(x.asnumpy(), y.asnumpy()) for x, y in train.epoch(1, start_batch=2)]
+    assert len(resumed) == 2 and all(np.array_equal(a[k], b[k]) for a, b in zip(whole[2:], resumed) for k in (0, 1))

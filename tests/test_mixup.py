@@ -100,3 +100,43 @@ def test_builder_disables_mixing_cleanly_and_checks_arguments() -> None:
         build_targets(K, 0.1, 0.0, 0.0, **{**args, "cutmix_minmax": [0.5, 0.2]})
     with pytest.raises(ValueError, match="even batch"):
         Mixup(0.8, mode="pair", num_classes=K)(_images()[:5], LABELS[:5], np.random.default_rng(0))
+
+
+# --- the host draws applied equal timm's Mixup given the same draws (needs the reference extra) ---------------------
+
+MIX_CASES = [  # (mode, mixup_alpha, cutmix_alpha, cutmix_minmax, prob, correct_lam)
+    ("batch", 0.8, 1.0, None, 1.0, True), ("batch", 0.8, 0.0, None, 1.0, True), ("batch", 0.0, 1.0, None, 1.0, False),
+    ("batch", 0.8, 1.0, None, 0.5, True), ("batch", 0.0, 0.0, (0.2, 0.6), 1.0, True),
+    ("elem", 0.8, 1.0, None, 0.7, True), ("elem", 0.0, 1.0, None, 1.0, False), ("pair", 0.8, 1.0, None, 0.8, True),
+    ("pair", 0.8, 0.0, None, 1.0, True),
+]
+
+
+@pytest.mark.parametrize("mode,mixup_alpha,cutmix_alpha,minmax,prob,correct_lam", MIX_CASES)
+def test_draws_applied_equal_timms_mixup(monkeypatch: pytest.MonkeyPatch, mode: str, mixup_alpha: float,
+                                         cutmix_alpha: float, minmax, prob: float, correct_lam: bool) -> None:
+    torch = pytest.importorskip("torch", reason="the reference extra (torch, timm) is not installed")
+    timm_mixup = pytest.importorskip("timm.data.mixup")
+    from swinexp.data.mixup import mix_images
+    from tests.replay import NumpyWith, Recorder, Replay
+
+    kwargs = dict(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, cutmix_minmax=minmax, prob=prob,
+                  switch_prob=0.5, mode=mode, correct_lam=correct_lam, label_smoothing=0.1, num_classes=K)
+    ours = Mixup(**kwargs)
+    reference = timm_mixup.Mixup(**kwargs)
+    x = np.random.default_rng(1).standard_normal((B, 3, 21, 17)).astype(np.float32)  # odd sides: box rounding
+    for seed in range(12):
+        recorder = Recorder(np.random.default_rng([seed, 5]))
+        draws = ours.draw(B, 21, 17, recorder)
+        replay = Replay(recorder)
+        monkeypatch.setattr(timm_mixup, "np", NumpyWith(replay))
+        x_ref, t_ref = reference(torch.from_numpy(x.copy()), torch.from_numpy(LABELS))
+        assert replay.exhausted()
+        assert np.array_equal(mix_images(x, draws), x_ref.numpy()), (mode, seed)
+        assert np.allclose(ours.targets(LABELS, draws), t_ref.numpy(), rtol=0, atol=1e-7), (mode, seed)
+
+
+def test_the_same_draws_come_from_the_same_generator_state() -> None:
+    mix = Mixup(0.8, 1.0, mode="elem", num_classes=K)
+    a, b = (mix.draw(B, 8, 8, np.random.default_rng([3, 1, 2])) for _ in range(2))
+    assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("weight", "partner_weight", "box", "lam"))

@@ -21,6 +21,7 @@ from swinexp.data.auto_augment import (
     auto_augment_transform,
     rand_augment_transform,
 )
+from swinexp.data.erasing import RandomErasing
 from swinexp.data.factory import create_transform
 from swinexp.data.mixup import MIX_MODES, Mixup
 from swinexp.data.ops import LEVEL_TO_ARG, OPS
@@ -50,6 +51,21 @@ class TrainAugment:
 
     def __call__(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
         return self.transform(img, rng)
+
+    def pixels(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
+        return self.transform.pixels(img, rng)
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        return self.transform.mean
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        return self.transform.std
+
+    @property
+    def erasing(self) -> RandomErasing | None:
+        return getattr(self.transform, "erasing", None)
 
 
 def build_targets(num_classes: int, label_smoothing: float, mixup_alpha: float, cutmix_alpha: float,

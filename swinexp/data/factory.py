@@ -23,6 +23,7 @@ from swinexp.data.transforms import (
     EvalTransform,
     RandomResizedCropFlip,
     Transform,
+    pixels_of,
     to_normalized_chw,
 )
 from swinexp.registry import ConfigError
@@ -44,11 +45,19 @@ class TrainTransform:
 
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> np.ndarray:
         rng = rng if rng is not None else np.random.default_rng()  # interactive use: fresh, unreproducible draws
+        x = to_normalized_chw(self.pil(img, rng), self.mean, self.std)
+        return self.erasing(x, rng) if self.erasing is not None else x
+
+    def pil(self, img: Image.Image, rng: np.random.Generator) -> Image.Image:
+        """Crop/flip and colour ops: the image before normalization."""
         img = self.crop.pil(img, rng)
         for op in self.color:
             img = op(img, rng)
-        x = to_normalized_chw(img, self.mean, self.std)
-        return self.erasing(x, rng) if self.erasing is not None else x
+        return img
+
+    def pixels(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
+        """uint8 (H, W, 3) before normalization; the erasing draws come next from the same `rng`."""
+        return pixels_of(self.pil(img, rng))
 
 
 def check_train_args(img_size: int, scale: Sequence[float], ratio: Sequence[float], interpolation: str,
@@ -98,7 +107,8 @@ def create_transform(img_size: int, is_training: bool = False, scale: Sequence[f
         The transform; train transforms are a TrainTransform whose parts are inspectable.
     """
     if not is_training:
-        return EvalTransform(img_size, crop_pct, interpolation if interpolation != "random" else "bilinear")
+        return EvalTransform(img_size, crop_pct, interpolation if interpolation != "random" else "bilinear",
+                             tuple(mean), tuple(std))
     check_train_args(img_size, scale, ratio, interpolation, hflip, re_prob, re_mode, re_count)
     crop = RandomResizedCropFlip(img_size, (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])),
                                  interpolation, hflip, vflip)

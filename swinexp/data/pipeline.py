@@ -1,4 +1,5 @@
-"""Batches from a DataSpec: decode -> transform -> batch, in MindSpore dataset workers, one epoch at a time."""
+"""Batches from a DataSpec: decode -> transform to uint8 -> batch in MindSpore dataset workers, then the device
+prologue (normalize, erase, mix), one epoch at a time."""
 from __future__ import annotations
 
 import copy
@@ -8,13 +9,16 @@ from collections.abc import Iterator
 
 import mindspore.dataset as msds
 import numpy as np
+from mindspore import Tensor
 
 from swinexp.data.datasets import DataSpec
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
+from swinexp.data.erasing import RandomErasing
 from swinexp.data.folder import Sample
 from swinexp.data.mixup import Mixup
-from swinexp.data.targets import BatchTransform, SmoothedTargets
-from swinexp.data.transforms import EvalTransform, Transform
+from swinexp.data.prologue import Prologue
+from swinexp.data.targets import BatchTransform, MixDraws, SmoothedTargets
+from swinexp.data.transforms import EvalTransform, PixelTransform
 from swinexp.registry import ConfigError
 
 log = logging.getLogger(__name__)
@@ -56,20 +60,27 @@ class EpochSampler:
 
 
 class DecodeTransform:
-    """Random-access source: index -> (float32 CHW image, int32 label, int64 epoch-carrying index, int32 skipped).
+    """Random-access source: index -> (uint8 HWC pixels, int32 label, int64 epoch-carrying index, int32 skipped,
+    and with `erasing` the image's erase draws: int32 boxes (R, 4), float32 colours (R, 3), int64 keys (R, 2)).
 
-    An unreadable file (corrupt, truncated, not an image) is logged by name and replaced by the next readable
-    sample, as timm's ImageDataset does; `skipped` is 1 for such a sample, so the count reaches the main process
-    through the batches even when workers are separate processes.
+    The pixels are the transform's output before normalization (`pixels`); normalization, erasing and mixing run
+    on the device (`swinexp.data.prologue`). The erase draws come from the image's generator right after its pixel
+    transform, where timm's RandomErasing draws them. An unreadable file (corrupt, truncated, not an image) is
+    logged by name and replaced by the next readable sample, as timm's ImageDataset does; `skipped` is 1 for such a
+    sample, so the count reaches the main process through the batches even when workers are separate processes.
     """
 
-    def __init__(self, samples: tuple[Sample, ...], transform: Transform, seed: int) -> None:
-        self.samples, self.transform, self.seed = samples, transform, seed
+    def __init__(self, samples: tuple[Sample, ...], transform: PixelTransform, seed: int,
+                 erasing: RandomErasing | None = None) -> None:
+        if not callable(getattr(transform, "pixels", None)):
+            raise TypeError(f"{type(transform).__name__} has no pixels(img, rng) method: the loader's workers send "
+                            "uint8 pixels and normalize on the device (see swinexp.data.transforms.PixelTransform)")
+        self.samples, self.transform, self.seed, self.erasing = samples, transform, seed, erasing
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int32, np.int64, np.int32]:
+    def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
         epoch, i = divmod(int(index), len(self.samples))
         for attempt in range(min(MAX_CONSECUTIVE_SKIPS, len(self.samples))):
             path, label = self.samples[(i + attempt) % len(self.samples)]
@@ -79,35 +90,34 @@ class DecodeTransform:
                 log.warning("skipping unreadable image '%s' (%s: %s); using the next sample", path,
                             type(err).__name__, err)
                 continue
-            image = self.transform(rgb, np.random.default_rng([self.seed, epoch, i]))
-            return image, np.int32(label), np.int64(index), np.int32(attempt > 0)
+            rng = np.random.default_rng([self.seed, epoch, i])
+            pixels = self.transform.pixels(rgb, rng)
+            row = (pixels, np.int32(label), np.int64(index), np.int32(attempt > 0))
+            if self.erasing is None:
+                return row
+            draws = self.erasing.draw((pixels.shape[2], *pixels.shape[:2]), rng)
+            return (*row, draws.boxes, draws.colours, draws.keys)
         raise RuntimeError(f"{MAX_CONSECUTIVE_SKIPS} consecutive unreadable images starting at "
                            f"'{self.samples[i][0]}'; check the files under data.root")
 
 
-class BatchTargets:
-    """MindSpore per-batch map: stacks a batch and applies a BatchTransform seeded by the batch's sample indices."""
-
-    def __init__(self, transform: BatchTransform, seed: int) -> None:
-        self.transform, self.seed = transform, seed
-
-    def __call__(self, images: list[np.ndarray], labels: list[np.ndarray], indices: list[np.ndarray],
-                 skipped: list[np.ndarray], batch_info: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rng = np.random.default_rng([self.seed, *np.stack(indices).tolist()])
-        images_out, targets = self.transform(np.stack(images), np.stack(labels), rng)
-        return images_out, targets, np.stack(skipped)
+COLUMNS = ["image", "label", "index", "skipped"]
+ERASE_COLUMNS = ["erase_boxes", "erase_colours", "erase_keys"]
 
 
 class Loader:
     """One split of a dataset; `epoch(e)` iterates its batches as MindSpore tensors.
 
     A train loader (given `targets`) yields (images, soft targets (B, K)); a val loader yields (images, labels).
+    Workers decode and transform to uint8 pixels; MindSpore's batch op stacks them (no Python in the main process
+    touches a pixel); the main process draws the batch's Mixup/CutMix from its sample indices and computes the
+    targets, and the device prologue turns the uint8 batch into the normalized, erased, mixed float32 batch.
     `skipped_files` counts the unreadable files replaced so far in the current epoch (reset by `epoch`).
     """
 
-    def __init__(self, samples: tuple[Sample, ...], transform: Transform, batch_size: int, num_workers: int,
+    def __init__(self, samples: tuple[Sample, ...], transform: PixelTransform, batch_size: int, num_workers: int,
                  seed: int, targets: BatchTransform | None = None, python_multiprocessing: bool = True,
-                 num_shards: int = 1, shard_id: int = 0) -> None:
+                 num_shards: int = 1, shard_id: int = 0, jit: bool = True) -> None:
         train = targets is not None
         self.skipped_files = 0
         self.sampler = EpochSampler(len(samples), seed, shuffle=train, num_shards=num_shards, shard_id=shard_id)
@@ -117,35 +127,31 @@ class Loader:
                 f"the train split has {len(self.sampler)} samples, fewer than one batch of "
                 f"data.batch_size={batch_size}; lower data.batch_size or add data"
             )
-        self._source = DecodeTransform(samples, transform, seed)
+        erasing = getattr(transform, "erasing", None) if train else None
+        self._source = DecodeTransform(samples, transform, seed, erasing)
+        self._columns = COLUMNS + (ERASE_COLUMNS if erasing is not None else [])
         self._targets, self._seed, self._workers = targets, seed, num_workers
         self._multiprocessing = python_multiprocessing and num_workers > 1
+        self.prologue = Prologue(transform.mean, transform.std, erasing.mode if erasing is not None else None,
+                                 mixes=not isinstance(targets, SmoothedTargets), jit=jit)
         self.dataset = self._pipeline(self.sampler)
 
     def _pipeline(self, sampler: EpochSampler) -> msds.Dataset:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dataset = msds.GeneratorDataset(self._source, ["image", "label", "index", "skipped"], sampler=sampler,
+            dataset = msds.GeneratorDataset(self._source, self._columns, sampler=sampler,
                                             num_parallel_workers=self._workers,
                                             python_multiprocessing=self._multiprocessing)
-        if self._targets is not None:
-            return dataset.batch(self.batch_size, drop_remainder=True,
-                                 per_batch_map=BatchTargets(self._targets, self._seed),
-                                 input_columns=["image", "label", "index", "skipped"],
-                                 output_columns=["image", "target", "skipped"])
-        return dataset.project(["image", "label", "skipped"]).batch(self.batch_size, drop_remainder=False)
+        # no per_batch_map: MindSpore's batch op stacks the uint8 arrays in C++, outside the GIL
+        return dataset.batch(self.batch_size, drop_remainder=self.drop_remainder)
 
     def __len__(self) -> int:
         full, rest = divmod(self.sampler.epoch_length(), self.batch_size)
         return full + (1 if rest and not self.drop_remainder else 0)
 
-    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple]:
-        """Batches of epoch `epoch` (0-based): images (B, 3, H, W) float32 and targets or labels.
-
-        `start_batch` skips that many batches without reading them; the rest are exactly the batches an uninterrupted
-        epoch yields (order and augmentation are drawn from (seed, epoch, sample index)). While it runs,
-        `skipped_files` counts the unreadable files replaced in the batches yielded so far.
-        """
+    def raw_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Tensor, ...]]:
+        """The batches as the workers send them: uint8 (B, H, W, 3) pixels, labels, indices, skipped flags (and
+        the erase draws); `epoch` runs the prologue on these."""
         self.sampler.epoch = epoch
         self.skipped_files = 0
         dataset = self.dataset
@@ -155,16 +161,45 @@ class Loader:
             dataset = self._pipeline(rest)
         iterator = dataset.create_tuple_iterator(num_epochs=1)
         try:
-            for images, targets, skipped in iterator:
-                self.skipped_files += int(skipped.asnumpy().sum())
-                yield images, targets
+            for row in iterator:
+                self.skipped_files += int(row[3].asnumpy().sum())
+                yield tuple(row)
         finally:
             # A caller that stops early (limit_train_batches) must not leave this pipeline running: its workers
             # would go on drawing from the shared sampler while the next epoch's pipeline starts.
             iterator.stop()
 
+    def host_part(self, row: tuple[Tensor, ...]) -> tuple[MixDraws, Tensor]:
+        """The main process's share of a raw train batch: its Mixup/CutMix draws and its targets (B, K).
 
-def build_loaders(spec: DataSpec, train_transform: Transform, seed: int, targets: BatchTransform | None = None,
+        The draws come from a generator seeded by (seed, the batch's epoch-carrying sample indices), so a resumed
+        epoch redraws exactly what the uninterrupted one drew.
+        """
+        pixels, labels = row[0], row[1]
+        batch, height, width = pixels.shape[:3]
+        rng = np.random.default_rng([self._seed, *row[2].asnumpy().tolist()])
+        draws = self._targets.draw(batch, height, width, rng)
+        return draws, Tensor(self._targets.targets(labels.asnumpy(), draws))
+
+    def finish(self, row: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        """One raw batch -> (float32 (B, 3, H, W) images, targets (B, K) or labels (B,)) through the prologue."""
+        if self._targets is None:
+            return self.prologue.eval(row[0]), row[1]
+        draws, targets = self.host_part(row)
+        return self.prologue.train(row[0], tuple(row[4:7]) if len(row) > 4 else None, draws), targets
+
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+        """Batches of epoch `epoch` (0-based): images (B, 3, H, W) float32 and targets or labels.
+
+        `start_batch` skips that many batches without reading them; the rest are exactly the batches an uninterrupted
+        epoch yields (order and augmentation are drawn from (seed, epoch, sample index)). While it runs,
+        `skipped_files` counts the unreadable files replaced in the batches yielded so far.
+        """
+        for row in self.raw_epoch(epoch, start_batch):
+            yield self.finish(row)
+
+
+def build_loaders(spec: DataSpec, train_transform: PixelTransform, seed: int, targets: BatchTransform | None = None,
                   num_shards: int = 1, shard_id: int = 0) -> tuple[Loader, Loader]:
     """Train loader (shuffled per epoch, augmented, full batches, soft targets) and val loader (fixed order,
     eval transform, int labels), each reading shard `shard_id` of `num_shards` (one per data-parallel rank).

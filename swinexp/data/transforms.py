@@ -1,7 +1,9 @@
 """Image transforms: PIL image (+ a per-sample numpy Generator) -> normalized float32 CHW array.
 
 Randomness comes only from the `rng` argument, which the pipeline derives from (seed, epoch, sample index), so an
-augmented sample is the same whatever worker process computes it.
+augmented sample is the same whatever worker process computes it. Each transform also has `pixels(img, rng)`, its
+uint8 HWC image before normalization: what the loader's workers send (`swinexp.data.prologue` normalizes on the
+device, with the same float32 ops as `to_normalized_chw`).
 """
 from __future__ import annotations
 
@@ -28,6 +30,20 @@ class Transform(Protocol):
     def __call__(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray: ...
 
 
+class PixelTransform(Transform, Protocol):
+    """A Transform the loader can run in its workers: `pixels` is `__call__` before normalization (and erasing)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def pixels(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray: ...
+
+
+def pixels_of(img: Image.Image) -> np.ndarray:
+    """uint8 (H, W, 3), C-contiguous: what a worker sends for one image (3 bytes a pixel)."""
+    return np.ascontiguousarray(np.asarray(img, np.uint8))
+
+
 def to_normalized_chw(img: Image.Image, mean: Sequence[float] = IMAGENET_MEAN,
                       std: Sequence[float] = IMAGENET_STD) -> np.ndarray:
     """uint8 HWC RGB -> float32 CHW, (x/255 - mean) / std per channel: torchvision's ToTensor + Normalize, bit for bit.
@@ -50,8 +66,17 @@ class EvalTransform:
     img_size: int
     crop_pct: float = 0.875
     interpolation: str = "bicubic"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
 
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> np.ndarray:
+        return to_normalized_chw(self.pil(img), self.mean, self.std)
+
+    def pixels(self, img: Image.Image, rng: np.random.Generator | None = None) -> np.ndarray:
+        return pixels_of(self.pil(img))
+
+    def pil(self, img: Image.Image) -> Image.Image:
+        """The resized, center-cropped image."""
         scale_size = math.floor(self.img_size / self.crop_pct)
         w, h = img.size
         if w <= h:
@@ -62,8 +87,7 @@ class EvalTransform:
             img = img.resize((new_w, new_h), INTERPOLATIONS[self.interpolation])
         left = round((new_w - self.img_size) / 2.0)
         top = round((new_h - self.img_size) / 2.0)
-        img = img.crop((left, top, left + self.img_size, top + self.img_size))
-        return to_normalized_chw(img)
+        return img.crop((left, top, left + self.img_size, top + self.img_size))
 
 
 @dataclass(frozen=True)
@@ -110,8 +134,14 @@ class RandomResizedCropFlip:
             img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
         return img
 
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
     def __call__(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
-        return to_normalized_chw(self.pil(img, rng))
+        return to_normalized_chw(self.pil(img, rng), self.mean, self.std)
+
+    def pixels(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
+        return pixels_of(self.pil(img, rng))
 
 
 @dataclass(frozen=True)

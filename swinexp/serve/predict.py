@@ -2,9 +2,10 @@
 `python -m swinexp.serve.predict RUN_DIR_OR_CKPT IMAGE_DIR [--topk 5] [--out preds.csv]`.
 
 Every image under IMAGE_DIR (recursively; any format PIL reads) gets the run's own eval transform (resize, center
-crop, normalize from its config.yaml), then the model; the CSV has one row per image: `image` (relative to
-IMAGE_DIR), then `class_1, prob_1, ..., class_k, prob_k`, best first, with the run's class names (classes.txt).
-Unreadable files are reported and skipped. Trailing `key=value` arguments override the run's config.
+crop to uint8 pixels, then normalize on the device as the loader does, from its config.yaml), then the model; the
+CSV has one row per image: `image` (relative to IMAGE_DIR), then `class_1, prob_1, ..., class_k, prob_k`, best
+first, with the run's class names (classes.txt). Unreadable files are reported and skipped. Trailing `key=value`
+arguments override the run's config.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from mindspore import nn, ops
 
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import IMAGE_SUFFIXES
+from swinexp.data.prologue import Prologue
 from swinexp.registry import ConfigError
 from swinexp.serve.saved_run import CHECKPOINTS, SavedRun, eval_transform, load_model, open_run, setup
 
@@ -37,7 +39,7 @@ def _batches(files: list[Path], transform, batch_size: int) -> Iterator[tuple[li
     names, images = [], []
     for path in files:
         try:
-            images.append(transform(load_rgb(str(path))))
+            images.append(transform.pixels(load_rgb(str(path))))  # uint8 (H, W, 3): normalized on the device
         except DECODE_ERRORS as err:
             log.warning("skipping unreadable image '%s' (%s: %s)", path, type(err).__name__, err)
             continue
@@ -53,10 +55,11 @@ def predict(run: SavedRun, model: nn.Cell, folder: Path, topk: int = 5,
             batch_size: int = 32) -> list[tuple[str, list[tuple[str, float]]]]:
     """(image path relative to `folder`, [(class name, probability)] best first) for every readable image."""
     transform = eval_transform(run)
+    prologue = Prologue(transform.mean, transform.std)  # the loader's eval normalization, bit for bit
     k = min(topk, int(run.plan.get("model.num_classes")))
     rows = []
     for names, images in _batches(image_files(folder), transform, batch_size):
-        probs = ops.softmax(ops.cast(model(ms.Tensor(images)), ms.float32), axis=-1).asnumpy()
+        probs = ops.softmax(ops.cast(model(prologue.eval(ms.Tensor(images))), ms.float32), axis=-1).asnumpy()
         best = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k)
         for name, labels, p in zip(names, best, probs):
             rows.append((name.relative_to(folder).as_posix(), [(run.class_name(int(c)), float(p[c])) for c in labels]))
