@@ -19,7 +19,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from swinexp.build import configure_device
 from swinexp.registry import ConfigError
 from swinexp.tracking import open_tracker
 
@@ -46,8 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"error: {err}. The reference needs torch and timm: see the README section 'Checking a "
                        "run against PyTorch' (pip install -e '.[reference]')\n")
     try:
-        plan = compare.parity_plan(args.overrides)
-        configure_device(plan)  # as run.py does: the same precision mode and kernels as the run it checks
+        plan = compare.configured_plan(args.overrides)
         tracker = open_tracker(plan.section("tracking"), plan.hardware.shared_dir)
     except ConfigError as err:
         parser.exit(2, f"ConfigError: {err}\n")

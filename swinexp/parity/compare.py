@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mindspore import Tensor
 
-from swinexp.build import Experiment, Plan, build_experiment, plan_for
+from swinexp.build import Experiment, Plan, build_experiment, configure_device, plan_for
 from swinexp.engine.step import make_train_step
 from swinexp.models.convert import to_timm
 from swinexp.models.pretrained import model_state
@@ -129,6 +129,14 @@ DETERMINISTIC = ["model.drop_path_rate=0.0", "model.drop_rate=0.0", "model.attn_
 def parity_plan(overrides: Sequence[str]) -> Plan:
     """run.py's plan for `overrides`, dropout and drop path off unless overridden."""
     return plan_for([*DETERMINISTIC, *overrides])
+
+
+def configured_plan(overrides: Sequence[str]) -> Plan:
+    """`parity_plan`, with this process's device configured as run.py configures it (the same precision mode and
+    kernels as the run it checks); once per process."""
+    plan = parity_plan(overrides)
+    configure_device(plan)
+    return plan
 
 
 def recipe_of(plan: Plan, exp: Experiment, lr_lag: bool = False) -> reference.Recipe:
