@@ -9,7 +9,7 @@ import pytest
 from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy
-from swinexp.engine.step import StepOutput, clip_by_global_norm, global_norm, make_train_step
+from swinexp.engine.step import StepOutput, TrainStep, clip_by_global_norm, global_norm, make_train_step
 from swinexp.optim import adamw
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
 
@@ -161,14 +161,19 @@ def test_global_norm_is_the_float64_norm_of_every_gradient_and_sees_non_finite_o
             assert not np.isfinite(float(global_norm(tuple(Tensor(a) for a in arrays), dot)))
 
 
-def test_ema_follows_the_weights_per_optimizer_step_and_swaps() -> None:
+def _one_ema_step() -> tuple[nn.Cell, TrainStep, list[np.ndarray], list[np.ndarray]]:
+    """A step with EMA decay 0.75 after one update: net, step, the weights after it and the EMA it should hold."""
     net = _dense()
     step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.5), AmpPolicy("O0"), None,
                            jit=True, ema_decay=0.75)
     w0 = _weights(net)
     step(*_batch(8))
     w1 = _weights(net)
-    expected = [0.75 * a + 0.25 * b for a, b in zip(w0, w1)]
+    return net, step, w1, [0.75 * a + 0.25 * b for a, b in zip(w0, w1)]
+
+
+def test_ema_follows_the_weights_per_optimizer_step_and_swaps() -> None:
+    net, step, w1, expected = _one_ema_step()
     for e, x in zip(step.ema, expected):
         np.testing.assert_allclose(e.asnumpy(), x, atol=1e-6)
     step.swap_ema()
@@ -178,13 +183,7 @@ def test_ema_follows_the_weights_per_optimizer_step_and_swaps() -> None:
 
 
 def test_an_overflow_skipped_step_still_updates_the_ema_toward_the_unchanged_weights() -> None:
-    net = _dense()
-    step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.5), AmpPolicy("O0"), None,
-                           jit=True, ema_decay=0.75)
-    w0 = _weights(net)
-    step(*_batch(8))
-    w1 = _weights(net)
-    ema1 = [0.75 * a + 0.25 * b for a, b in zip(w0, w1)]
+    net, step, w1, ema1 = _one_ema_step()
     assert step(Tensor(np.full((8, 4), np.inf, np.float32)), _batch(8)[1]).overflow
     assert all(np.array_equal(a, b) for a, b in zip(w1, _weights(net)))  # skipped: the weights stay
     for e, a, b in zip(step.ema, ema1, w1):  # as main.py's model_ema.update(model) after a skipped step

@@ -60,14 +60,15 @@ def _lead(sync: Path, num_nodes: int) -> Callable[[], str | None]:
 def _follow(sync: Path, node_rank: int) -> Callable[[], str | None]:
     """Another node's side: a poll that answers node 0's current token with a fresh nonce and returns None once
     `go` holds that answer, else what is missing."""
-    nonce, answered = secrets.token_hex(8), [""]
+    nonce, answered = secrets.token_hex(8), ""
 
     def poll() -> str | None:
+        nonlocal answered
         token = _read(sync / "token")
-        if token and token != answered[0].split(" ")[0]:  # node 0 (re)started: answer its current token
-            answered[0] = f"{token} {nonce}"
-            _write(sync / f"ack-{node_rank}", answered[0])
-        if answered[0] and answered[0] in _read(sync / "go").splitlines():
+        if token and token != answered.split(" ")[0]:  # node 0 (re)started: answer its current token
+            answered = f"{token} {nonce}"
+            _write(sync / f"ack-{node_rank}", answered)
+        if answered and answered in _read(sync / "go").splitlines():
             return None
         return f"node {node_rank} did not meet node 0 (node 0 uses another directory, or did not start)"
 
