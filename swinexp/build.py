@@ -13,7 +13,7 @@ from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy, overflow
 from swinexp.amp import report as precision_report
-from swinexp.config import ACCUMULATE_ON, Composed, HardwareCfg, Plan, TrainerCfg, compose, read
+from swinexp.config import ACCUMULATE_ON, Composed, HardwareCfg, Plan, TrainerCfg, compose, read, saved
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, build_loaders
 from swinexp.data.datasets import check_data_args
 from swinexp.data.pipeline import EpochSampler
@@ -28,7 +28,7 @@ from swinexp.tracking import NullTracker, Tracker
 
 __all__ = ["Experiment", "Plan", "build_amp", "build_data_spec", "build_eval_transform", "build_experiment",
            "build_model", "build_optimization", "build_schedule", "configure_device", "optimizer_steps", "plan_for",
-           "resolve", "shard_sizes", "total_batch_size"]
+           "resolve", "saved_plan", "shard_sizes", "total_batch_size"]
 
 
 def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
@@ -61,6 +61,12 @@ def plan_for(overrides: Sequence[str] = (), backend: bool = True) -> Plan:
     """The validated plan of `python run.py <overrides>`, for tools that are not the Hydra app (self-check, parity,
     benchmarks)."""
     return resolve(compose(overrides), backend)
+
+
+def saved_plan(config: Any, overrides: Sequence[str] = ()) -> Plan:
+    """A saved run's plan: its config.yaml (a path or the mapping a checkpoint carries) with `key=value` overrides,
+    typed but not validated (the tools that serve a run need the model, not the trainer's checks)."""
+    return saved(config, overrides)
 
 
 def check_trainer(trainer: TrainerCfg) -> None:

@@ -19,8 +19,8 @@ from swinexp.build import (
     build_model,
     configure_device,
     resolve,
+    saved_plan,
 )
-from swinexp.config import saved
 from swinexp.data.transforms import EvalTransform
 from swinexp.engine import checkpoint
 from swinexp.engine.resume import CLASSES_FILE, PROGRESS_KEY, Progress
@@ -70,7 +70,7 @@ def open_run(source: Path, overrides: Sequence[str] = (), which: str = "best") -
         config = Progress.from_json(meta[PROGRESS_KEY]).config
     classes_file = run_dir / CLASSES_FILE
     classes = tuple(classes_file.read_text().splitlines()) if classes_file.is_file() else None
-    plan = saved(config, overrides).with_values({"model.pretrained": None})  # the checkpoint has the weights
+    plan = saved_plan(config, overrides).with_values({"model.pretrained": None})  # the checkpoint has the weights
     return SavedRun(plan, ckpt, classes)
 
 
