@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from swinexp.registry import ConfigError
 from swinexp.runtime import launch, node_sync, rank_table
 from swinexp.runtime.watchdog import launched_processes
 from tests.conftest import ROOT, SMOKE
+from tests.servers import free_port
 
 OTHER_HOST = "10.255.255.1"  # an address no test machine has
 
@@ -172,12 +172,6 @@ def test_nodes_start_only_from_one_shared_run_dir(tmp_path: Path) -> None:
         node_sync.check_shared(tmp_path / "shared", 1, 2, timeout_s=1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _command(run_dir: Path, tmp: Path, *hardware: str) -> list[str]:
     smoke = [o for o in SMOKE if not o.startswith("hardware=")]
     return [sys.executable, str(ROOT / "run.py"), *smoke, *hardware, f"data.root={tmp / 'data'}",
@@ -204,13 +198,13 @@ def _digests(run_dir: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_two_nodes_on_one_shared_dir_train_as_two_workers_of_one_node_and_resume_after_a_kill(tmp_path: Path) -> None:
     reference = subprocess.run(_command(tmp_path / "reference", tmp_path, "hardware=cpu2",
-                                        f"hardware.master_port={_free_port()}"),
+                                        f"hardware.master_port={free_port()}"),
                                cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
     want = _digests(tmp_path / "reference")
     assert list(want) == ["weights_rank0.sha256", "weights_rank1.sha256"]
 
-    run_dir, port = tmp_path / "shared", _free_port()
+    run_dir, port = tmp_path / "shared", free_port()
 
     def nodes(name: str, *debug: str) -> list[subprocess.Popen]:
         return [_start(_command(run_dir, tmp_path, "hardware=cpu", "hardware.num_nodes=2", "hardware.num_devices=1",
@@ -245,7 +239,7 @@ def test_two_nodes_on_one_shared_dir_train_as_two_workers_of_one_node_and_resume
 def test_eight_modelarts_card_copies_start_exactly_one_msrun(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = _command(run_dir, tmp_path, "hardware=modelarts_ascend8", "hardware.device_target=CPU",
-                       "hardware.chip=null", f"hardware.master_port={_free_port()}")  # the 910's chip is not on CPU
+                       "hardware.chip=null", f"hardware.master_port={free_port()}")  # the 910's chip is not on CPU
     platform = {"MA_NUM_HOSTS": "1", "VC_TASK_INDEX": "0", "MA_NUM_GPUS": "8", "RANK_SIZE": "8"}
     copies = [_start(command, tmp_path / f"card{card}.log", {**platform, "DEVICE_ID": str(card), "RANK_ID": str(card)})
               for card in range(8)]
@@ -270,7 +264,7 @@ def test_eight_modelarts_card_copies_start_exactly_one_msrun(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_two_nodes_with_different_run_dirs_stop_before_msrun_with_one_line(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     launchers = [_start(_command(tmp_path / f"local{rank}", tmp_path, "hardware=cpu", "hardware.num_nodes=2",
                                  "hardware.num_devices=1", f"hardware.node_rank={rank}", f"hardware.master_port={port}",
                                  "hardware.node_sync_timeout_s=3"), tmp_path / f"node{rank}.log") for rank in (0, 1)]

@@ -19,6 +19,7 @@ from swinexp.runtime.launch import (
     worker_config_error,
 )
 from tests.conftest import ROOT, SMOKE
+from tests.servers import free_port
 
 
 def _run(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -83,14 +84,6 @@ def test_dry_run_prints_the_launch_without_hardware(hardware: str, expected: lis
     assert not (tmp_path / "run" / "msrun").exists()  # nothing was launched
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
     from swinexp.build import resolve
@@ -103,7 +96,7 @@ def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_dir = tmp_path / "run"
     smoke = [o for o in SMOKE if not o.startswith(("hardware=", "tracking="))]
-    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", f"data.root={tmp_path / 'data'}",
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={free_port()}", f"data.root={tmp_path / 'data'}",
                "trainer.limit_val_batches=null", "tracking=mlflow", f"tracking.uri={uri}",
                f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -131,7 +124,7 @@ def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
     # stochastic-depth masks from its own key again, and ends with the same weights to the bit
     assert cfg.model.drop_path_rate > 0
     rerun = tmp_path / "rerun"
-    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", f"data.root={tmp_path / 'data'}",
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={free_port()}", f"data.root={tmp_path / 'data'}",
                "trainer.limit_val_batches=null", "tracking=none",
                f"trainer.resume={run_dir / 'checkpoints' / 'step-00000003.ckpt'}", f"hydra.run.dir={rerun}",
                cwd=tmp_path, timeout=900)
@@ -142,7 +135,7 @@ def test_cpu2_trains_two_real_workers_into_one_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_failing_worker_fails_the_command_and_shows_its_error(tmp_path: Path) -> None:
     smoke = [o for o in SMOKE if not o.startswith("hardware=")]
-    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", f"data.root={tmp_path / 'data'}",
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={free_port()}", f"data.root={tmp_path / 'data'}",
                "debug.fail_rank=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
     assert out.returncode != 0
     assert "worker_1.log" in out.stderr and "debug.fail_rank=1: this worker fails on purpose" in out.stderr
@@ -168,7 +161,7 @@ def test_a_workers_config_error_reaches_the_user_as_one_line(tmp_path: Path) -> 
     root = _four_class_folder(tmp_path / "four")
     out = _run("model=swin_micro", "data=imagefolder", f"data.root={root}", "data.num_classes=3", "data.img_size=32",
                "data.batch_size=4", "data/augment=none", "trainer=smoke", "amp=o0", "tracking=none", "hardware=cpu2",
-               f"hardware.master_port={_free_port()}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
+               f"hardware.master_port={free_port()}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
     assert out.returncode == 1
     line = (f"ConfigError: data.root='{root}' has 4 class folders but data.num_classes=3; set data.num_classes=4, "
             "or data.num_classes=null to count the class folders")
@@ -179,7 +172,7 @@ def test_a_workers_config_error_reaches_the_user_as_one_line(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_a_trainer_mistake_fails_before_msrun_starts(tmp_path: Path) -> None:
     smoke = [o for o in SMOKE if not o.startswith("hardware=")]
-    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}", "trainer.epochs=0",
+    out = _run(*smoke, "hardware=cpu2", f"hardware.master_port={free_port()}", "trainer.epochs=0",
                f"data.root={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=900)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("ConfigError: trainer.epochs=0 must be >= 1"), out.stderr

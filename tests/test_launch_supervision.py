@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +18,14 @@ from swinexp.engine import checkpoint
 from swinexp.engine.resume import RUN_ID_FILE
 from swinexp.runtime.watchdog import launched_processes
 from tests.conftest import ROOT, SMOKE
+from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _command(run_dir: Path, tmp: Path) -> list[str]:
     smoke = [o for o in SMOKE if not o.startswith(("hardware=", "tracking="))]
-    return [sys.executable, str(ROOT / "run.py"), *smoke, "hardware=cpu2", f"hardware.master_port={_free_port()}",
+    return [sys.executable, str(ROOT / "run.py"), *smoke, "hardware=cpu2", f"hardware.master_port={free_port()}",
             f"data.root={tmp / 'data'}", "trainer.deterministic=true", "model.drop_path_rate=0",
             "tracking=mlflow", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
             f"hydra.run.dir={run_dir}"]

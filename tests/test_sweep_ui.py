@@ -8,32 +8,23 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests import servers
 from tests.conftest import ROOT, SMOKE
 
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(os.environ.get("SWINEXP_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "sweep_ui"
 PRINTED_PORT = 5000  # the port of the `mlflow ui` command the sweep prints (swinexp.tracking.ui.UI_PORT)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -52,33 +43,11 @@ def browser() -> Iterator[Any]:
             launched.close()
 
 
-@contextmanager
-def serving(command: str, port: int, log: Path) -> Iterator[str]:
-    """Run the printed `mlflow ui ...` command on `port`; stop it and its uvicorn/huey children, whatever happens."""
+def _printed_ui_on(command: str, port: int) -> list[str]:
+    """The printed `mlflow ui ...` command's arguments, moved to `port`."""
     args = shlex.split(command.replace(f"--port {PRINTED_PORT}", f"--port {port}"))
     assert args[0] == "mlflow"
-    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.DEVNULL, stderr=log.open("w"),
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=1).close()
-                break
-            except OSError as err:
-                if proc.poll() is not None:
-                    raise RuntimeError(log.read_text()[-2000:]) from err
-                time.sleep(0.5)
-        else:
-            raise RuntimeError("mlflow ui did not answer /health in 120 s")
-        yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    return args
 
 
 def test_the_link_a_sweep_prints_opens_its_jobs_and_their_val_top1_chart(tmp_path: Path, browser: Any) -> None:
@@ -105,7 +74,8 @@ def test_the_link_a_sweep_prints_opens_its_jobs_and_their_val_top1_chart(tmp_pat
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     print(f"screenshots: {ARTIFACTS}")
-    with serving(command.group(1), _free_port(), tmp_path / "ui.log") as base:
+    port = servers.free_port()
+    with servers.serving(_printed_ui_on(command.group(1), port), port, tmp_path / "ui.log") as base:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.goto(link.group(1).replace(f"http://127.0.0.1:{PRINTED_PORT}", base))
         clicks = 0

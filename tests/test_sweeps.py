@@ -1,13 +1,10 @@
 """Sweeps through the real CLI (`-m`), into a real `mlflow server` on 127.0.0.1 started by the test."""
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
@@ -20,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from swinexp.config import CONF_DIR
+from tests import servers
 from tests.conftest import ROOT, SMOKE
 
 pytestmark = pytest.mark.slow
@@ -35,37 +33,10 @@ EXPECTED_JOBS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real tracking server with a sqlite backend in a temp dir; stopped (with its workers) at the end."""
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{uri}/health", timeout=1).close()
-                break
-            except OSError as err:
-                if proc.poll() is not None:
-                    raise RuntimeError((root / "server.log").read_text()[-2000:]) from err
-                time.sleep(0.5)
-        else:
-            raise RuntimeError("mlflow server did not answer /health in 180 s")
-        yield uri
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+    with servers.mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as url:
+        yield url
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:

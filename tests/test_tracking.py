@@ -2,14 +2,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +18,7 @@ from omegaconf import open_dict
 from swinexp.app.sweep_callback import SweepCallback, screening_epoch
 from swinexp.registry import ConfigError
 from swinexp.tracking import MlflowTracker, NullTracker, flatten, resolve_uri
+from tests import servers
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
 
@@ -142,44 +138,10 @@ def test_on_unreachable_accepts_only_error_or_warn(tmp_path: Path) -> None:
 
 # --- offline fallback and sync into a real server ----------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(root: Path, port: int) -> subprocess.Popen:
-    """A real `mlflow server` with a sqlite backend in `root`; returns once it answers /health."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "a"), start_new_session=True)
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-            return proc
-        except OSError as err:
-            if proc.poll() is not None:
-                raise RuntimeError((root / "server.log").read_text()[-2000:]) from err
-            time.sleep(0.5)
-    _stop_server(proc)
-    raise RuntimeError("mlflow server did not answer /health in 120 s")
-
-
-def _stop_server(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers
-    proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
-    proc = _start_server(root, port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop_server(proc)
+    with servers.mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as url:
+        yield url
 
 
 def _sync(source: str, target: str, *extra: str) -> list[str]:
@@ -196,7 +158,7 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
 
 def test_offline_runs_sync_into_a_live_server_exactly_once(mlflow_server: str, tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    dead, offline = f"http://127.0.0.1:{_free_port()}", f"sqlite:///{tmp_path}/mlflow-offline.db"
+    dead, offline = f"http://127.0.0.1:{servers.free_port()}", f"sqlite:///{tmp_path}/mlflow-offline.db"
     with caplog.at_level(logging.WARNING, logger="swinexp"):
         parent = MlflowTracker(dead, "offline", on_unreachable="warn", fallback_uri=offline)
     assert parent.offline and parent.uri == offline
@@ -250,17 +212,14 @@ def test_offline_runs_sync_into_a_live_server_exactly_once(mlflow_server: str, t
 def test_server_going_down_mid_run_continues_offline_and_merges_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once instead of MLflow's ~4 min of retries
-    root, port = tmp_path / "server", _free_port()
+    root, port = tmp_path / "server", servers.free_port()
     root.mkdir()
-    server, offline = f"http://127.0.0.1:{port}", f"sqlite:///{tmp_path}/mlflow-offline.db"
-    proc = _start_server(root, port)
-    try:
+    offline = f"sqlite:///{tmp_path}/mlflow-offline.db"
+    with servers.mlflow_server(root, port) as server:
         tracker = MlflowTracker(server, "midrun", on_unreachable="warn", fallback_uri=offline)
         run_id = tracker.start("job", {"overrides": "a=1"})
         tracker.log_params({"seed": 1})
         tracker.log_metrics({"val/top1": 10.0}, step=1)
-    finally:
-        _stop_server(proc)
     with caplog.at_level(logging.WARNING, logger="swinexp"):
         tracker.log_metrics({"val/top1": 20.0}, step=2)  # the server is gone: this goes offline, nothing is lost
     assert f"stopped answering during run {run_id}" in caplog.text and offline in caplog.text
@@ -275,8 +234,7 @@ def test_server_going_down_mid_run_continues_offline_and_merges_back(tmp_path: P
     assert rest.data.tags["swinexp.continues_run"] == run_id and rest.data.params == {"seed": "1"}
     assert [m.step for m in source.get_metric_history(rest.info.run_id, "val/top1")] == [2, 3]
 
-    proc = _start_server(root, port)  # the server is back, with the run's first part
-    try:
+    with servers.mlflow_server(root, port):  # the server is back, with the run's first part
         lines = _sync(offline, server)
         assert len(lines) == 1 and lines[0].startswith(f"merged into: midrun/'job' {rest.info.run_id} -> {run_id}")
         target = MlflowClient(server)
@@ -287,13 +245,11 @@ def test_server_going_down_mid_run_continues_offline_and_merges_back(tmp_path: P
                                                                                                (3, 30.0)]
         assert [a.path for a in target.list_artifacts(run_id)] == ["summary.txt"]
         assert [line.split(":")[0] for line in _sync(offline, server)] == ["up to date"]
-    finally:
-        _stop_server(proc)
 
 
 @pytest.mark.slow
 def test_run_py_against_a_dead_server_with_warn_trains_into_the_offline_store(tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{servers.free_port()}"
     smoke = [o for o in SMOKE if not o.startswith("tracking=")]
     out = subprocess.run([sys.executable, str(ROOT / "run.py"), *smoke, f"data.root={tmp_path / 'data'}",
                           "tracking=mlflow", f"tracking.uri={dead}", "tracking.on_unreachable=warn",
