@@ -144,41 +144,44 @@ class _PoisonedLoader:
             yield (images * float("nan") if index >= self.after else images), targets
 
 
-def test_non_finite_losses_stop_the_run_with_the_last_good_state(compose: Callable[..., DictConfig],
-                                                                 tmp_path: Path) -> None:
-    # trainer.log_every_n_steps=1: the host reads every step's loss, and stops right at the third non-finite one
+def _fit_into_nans(compose: Callable[..., DictConfig], run_dir: Path, log_every: int,
+                   stops: str) -> tuple[dict, Progress]:
+    """Train with NaN images from micro-batch 2 on (trainer.max_nonfinite=3), expecting NonFiniteLoss matching
+    `stops`; returns the last checkpoint's values and progress."""
     cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3",
-                  "trainer.log_every_n_steps=1")
+                  f"trainer.log_every_n_steps={log_every}")
     hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
     exp = build_experiment(resolve(cfg))
     exp = dataclasses.replace(exp, train_loader=_PoisonedLoader(exp.train_loader, after=2))
-    with pytest.raises(NonFiniteLoss, match=r"not finite for 3 micro-batches in a row .* batch 5, optimizer step 5 "
-                                            r"\(amp O0\)"):
-        fit(exp, tmp_path, jit=True)
-    values = checkpoint.read(tmp_path / "checkpoints" / "last.ckpt")
-    progress = Progress.from_json(checkpoint.read_meta(values)["progress"])
+    with pytest.raises(NonFiniteLoss, match=stops):
+        fit(exp, run_dir, jit=True)
+    values = checkpoint.read(run_dir / "checkpoints" / "last.ckpt")
+    return values, Progress.from_json(checkpoint.read_meta(values)["progress"])
+
+
+def _all_finite(values: dict) -> bool:
+    return all(np.isfinite(v.asnumpy()).all() for k, v in values.items() if not k.startswith("meta."))
+
+
+def test_non_finite_losses_stop_the_run_with_the_last_good_state(compose: Callable[..., DictConfig],
+                                                                 tmp_path: Path) -> None:
+    # trainer.log_every_n_steps=1: the host reads every step's loss, and stops right at the third non-finite one
+    values, progress = _fit_into_nans(compose, tmp_path, log_every=1, stops=r"not finite for 3 micro-batches in a "
+                                      r"row .* batch 5, optimizer step 5 \(amp O0\)")
     assert progress.batches_done == 5 and progress.epoch == 0
     # 5 optimizer steps on the LR schedule (the 3 skipped ones too), 2 AdamW updates
     assert int(values["global_step"].asnumpy()[0]) == 5 and int(values["adam_update_steps"].asnumpy()[0]) == 2
-    tensors = [v.asnumpy() for k, v in values.items() if not k.startswith("meta.")]
-    assert all(np.isfinite(t).all() for t in tensors)  # the skipped updates left the weights as they were
+    assert _all_finite(values)  # the skipped updates left the weights as they were
 
 
 def test_non_finite_losses_between_read_points_stop_the_run_at_the_next_read(compose: Callable[..., DictConfig],
                                                                           tmp_path: Path) -> None:
     # the default cadence reads the step outputs every 4 optimizer steps here: the run of non-finite losses that
     # reaches 3 at batch 5 is seen at the read after batch 8; the skipped steps changed no weight meanwhile
-    cfg = compose("trainer.limit_train_batches=null", "data.num_train=96", "trainer.max_nonfinite=3",
-                  "trainer.log_every_n_steps=4")
-    hardware.apply(OmegaConf.to_object(cfg.hardware), int(cfg.seed))
-    exp = build_experiment(resolve(cfg))
-    exp = dataclasses.replace(exp, train_loader=_PoisonedLoader(exp.train_loader, after=2))
-    with pytest.raises(NonFiniteLoss, match=r"by epoch 1, batch 5, optimizer step 5; the host saw it at its next "
+    values, progress = _fit_into_nans(compose, tmp_path, log_every=4,
+                                      stops=r"by epoch 1, batch 5, optimizer step 5; the host saw it at its next "
                                             r"read of the step outputs, batch 8, optimizer step 8 "
-                                            r"\(trainer.log_every_n_steps=4\)"):
-        fit(exp, tmp_path, jit=True)
-    values = checkpoint.read(tmp_path / "checkpoints" / "last.ckpt")
-    progress = Progress.from_json(checkpoint.read_meta(values)["progress"])
+                                            r"\(trainer.log_every_n_steps=4\)")
     assert progress.batches_done == 8 and len(progress.losses) == 8
     assert int(values["adam_update_steps"].asnumpy()[0]) == 2  # only the two finite steps updated
-    assert all(np.isfinite(v.asnumpy()).all() for k, v in values.items() if not k.startswith("meta."))
+    assert _all_finite(values)
