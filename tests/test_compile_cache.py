@@ -32,9 +32,12 @@ def _train(tmp_path: Path, data_root: Path, name: str, *extra: str) -> tuple[lis
 @pytest.mark.slow
 def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic_root: Path) -> None:
     cache = tmp_path / "cache"
-    on = ["hardware.compile_cache=true", f"hardware.compile_cache_dir={cache}"]
+    on = ["hardware.compile_cache=true", f"hardware.compile_cache_dir={cache}", "trainer.progress_bar=true"]
     _, first_log = _train(tmp_path, synthetic_root, "first", *on)  # compiles, publishes on exit
     assert "no compiled graphs of this configuration" in first_log
+    # the bars say what the host waits for, once per graph: the first epoch compiles, the second does not
+    assert first_log.count("compiling the train step") >= 1 and "compiling the eval step" in first_log
+    assert "epoch 2/2" in first_log and "compiling" not in first_log[first_log.index("epoch 2/2"):]
     (published,) = list(cache.iterdir())  # the private work copy is gone, the configuration's dir is there
     assert not published.name.startswith(".") and list(published.rglob("*.mindir"))
     # another seed: host-only (its draws are inputs of the step), so the same graphs; their results must be
@@ -42,6 +45,7 @@ def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic
     cached, cached_log = _train(tmp_path, synthetic_root, "cached", *on, "seed=7")
     cold, _ = _train(tmp_path, synthetic_root, "cold", "seed=7")
     assert "loading the compiled graphs" in cached_log and "Use the compilation cache" in cached_log
+    assert "loading the train step from the compile cache" in cached_log and "compiling" not in cached_log
     assert len(cold) == 2 and cached == cold
     assert [p.name for p in cache.iterdir()] == [published.name]  # the loading job wrote nothing into the cache
 

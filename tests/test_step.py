@@ -205,3 +205,16 @@ def test_bad_accumulation_settings_are_config_errors() -> None:
         make_train_step(net, nn.SGD(net.trainable_params()), AmpPolicy("O0"), None, True, 2, "gpu")
     with pytest.raises(ConfigError, match="trainer.accumulation_steps=0 must be >= 1"):
         make_train_step(net, nn.SGD(net.trainable_params()), AmpPolicy("O0"), None, True, 0)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_the_step_says_which_graph_its_next_call_compiles(jit: bool) -> None:
+    net = _dense()
+    step = make_train_step(net, nn.SGD(net.trainable_params(), learning_rate=0.1), AmpPolicy("O0"), None, jit,
+                           accumulation_steps=2)
+    said = []
+    for _ in range(4):
+        said.append(step.next_compile())
+        step(*_batch(4))
+    compiled = ["the accumulation step", "the train step"] if jit else [None, None]
+    assert said == [*compiled, None, None]  # each graph compiles once, at its first call; eager compiles nothing

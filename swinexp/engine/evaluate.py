@@ -10,9 +10,26 @@ from mindspore import Tensor, nn, ops
 from swinexp.engine.step import GraphStep
 from swinexp.runtime import phases
 
+EVAL_GRAPH = "the eval step"
 
-def make_eval_step(model: nn.Cell, jit: bool) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
-    """(images, labels) -> (summed loss, top-1 hits, top-5 hits) for one batch."""
+
+class EvalStep:
+    """(images, labels) -> (summed loss, top-1 hits, top-5 hits) for one batch, knowing whether its next call is
+    the first (the one that compiles its graph)."""
+
+    def __init__(self, step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]], jit: bool) -> None:
+        self._step, self._compiled = step, not jit
+
+    def next_compile(self) -> str | None:
+        return None if self._compiled else EVAL_GRAPH
+
+    def __call__(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        self._compiled = True
+        return self._step(images, labels)
+
+
+def make_eval_step(model: nn.Cell, jit: bool) -> EvalStep:
+    """The eval step of `model`, compiled (graph mode) or eager."""
 
     def step(images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits = ops.cast(model(images), ms.float32)
@@ -26,7 +43,7 @@ def make_eval_step(model: nn.Cell, jit: bool) -> Callable[[Tensor, Tensor], tupl
         top5 = ops.cast(hits.any(axis=-1), ms.float32).sum()
         return loss, top1, top5
 
-    return ms.jit(GraphStep(step, {"model": model})) if jit else step
+    return EvalStep(ms.jit(GraphStep(step, {"model": model})) if jit else step, jit)
 
 
 def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],

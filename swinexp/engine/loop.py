@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -15,11 +16,11 @@ from tqdm import tqdm
 from swinexp.amp import overflow
 from swinexp.config import TrainerCfg
 from swinexp.engine import checkpoint
-from swinexp.engine.evaluate import evaluate, make_eval_step
+from swinexp.engine.evaluate import EvalStep, evaluate, make_eval_step
 from swinexp.engine.experiment import Experiment
 from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
 from swinexp.engine.step import StepOutput, TrainStep, make_train_step, read_all
-from swinexp.runtime import launch, phases
+from swinexp.runtime import compile_cache, launch, phases
 from swinexp.runtime.interrupt import Interrupted, StopRequest, stop_on_signals
 
 if TYPE_CHECKING:
@@ -153,7 +154,11 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
         step_number = train_step.optimizer_step + 1
         if profiler:
             profiler.before_step(step_number)
+        if graph := train_step.next_compile():
+            bar.set_postfix_str(compile_cache.compiling(graph))
         out = train_step(images, targets)
+        if graph:
+            bar.set_postfix_str("")
         phases.mark("step")
         progress.batches_done += 1
         progress.seen += int(images.shape[0])
@@ -245,7 +250,7 @@ def _epoch_metrics(exp: Experiment, train_step: TrainStep, eval_step, progress: 
     epoch, optimizer, eval_start = progress.epoch, exp.optimizer, time.perf_counter()
     if math.isnan(lr):  # a resumed epoch whose last step was taken before the checkpoint
         lr = float(exp.lr_schedule[max(_optimizer_step(optimizer) - 1, 0)])
-    val_batches = _limit(exp.val_loader.epoch(epoch), exp.trainer.limit_val_batches)
+    val_batches = _validation(exp, eval_step, epoch)
     metrics = {"train/loss": float(np.mean(progress.losses)),
                "train/grad_norm": float(np.mean(progress.grad_norms)) if progress.grad_norms else float("nan"),
                "train/overflow_steps": float(progress.overflow_steps), "train/loss_scale": progress.loss_scale,
@@ -255,7 +260,7 @@ def _epoch_metrics(exp: Experiment, train_step: TrainStep, eval_step, progress: 
                **evaluate(exp.model, val_batches, eval_step, distributed)}
     if exp.trainer.ema.decay is not None:
         train_step.swap_ema()  # evaluate the EMA weights with the same compiled eval step, then swap back
-        ema_batches = _limit(exp.val_loader.epoch(epoch), exp.trainer.limit_val_batches)
+        ema_batches = _validation(exp, eval_step, epoch, "EMA ")
         metrics.update({k.replace("val/", "val_ema/"): v
                         for k, v in evaluate(exp.model, ema_batches, eval_step, distributed).items()})
         train_step.swap_ema()
@@ -291,6 +296,21 @@ def _profiler(trainer: TrainerCfg, run_dir: Path) -> StepProfiler | None:
     from swinexp.engine.profiling import StepProfiler  # imports mindspore's profiler only when asked for
 
     return StepProfiler(run_dir / "profile", trainer.profile.start_step, trainer.profile.num_steps)
+
+
+def _validation(exp: Experiment, eval_step: EvalStep, epoch: int, weights: str = "") -> Iterator[tuple]:
+    """The val batches of `epoch` behind a progress bar that says when the eval step compiles."""
+    limit = exp.trainer.limit_val_batches
+    total = len(exp.val_loader) if limit is None else min(limit, len(exp.val_loader))
+    with tqdm(total=total, desc=f"validate {weights}{epoch + 1}/{exp.trainer.epochs}", leave=False,
+              dynamic_ncols=True, disable=not (exp.trainer.progress_bar and launch.rank() == 0)) as bar:
+        for batch in _limit(exp.val_loader.epoch(epoch), limit):
+            if graph := eval_step.next_compile():
+                bar.set_postfix_str(compile_cache.compiling(graph))
+            yield batch
+            if graph:
+                bar.set_postfix_str("", refresh=False)
+            bar.update()
 
 
 def _limit(batches, limit: int | None):

@@ -30,6 +30,8 @@ from swinexp.registry import ConfigError
 
 log = logging.getLogger("swinexp")
 
+TRAIN_GRAPH = "the train step"                # the graph that ends an optimizer step
+ACCUMULATION_GRAPH = "the accumulation step"  # the graph of the other micro-batches of a window
 
 
 class StepOutput:
@@ -246,6 +248,7 @@ class TrainStep:
         apply_update = self._update_fn(optimizer, clip_grad, ema_decay, distributed, amp.loss_scale == "none")
         owners = {"model": model, "optimizer": optimizer, "state": ParameterTuple(self.state().values()),
                   "overflow_check": guard}
+        self._not_compiled = {TRAIN_GRAPH, ACCUMULATION_GRAPH} if jit else set()  # graphs not yet called here
 
         def compile_(fn: Callable[..., object]) -> Callable[..., object]:
             return ms.jit(GraphStep(fn, owners)) if jit else fn
@@ -366,12 +369,20 @@ class TrainStep:
             return ()
         return tuple(Tensor(a) for a in draw(self.sites, self.key, self.optimizer_step, self._micro, batch))
 
+    def next_compile(self) -> str | None:
+        """The graph the next call compiles (its first call in this process), or None: what a progress bar says
+        while the host waits."""
+        graph = ACCUMULATION_GRAPH if self._micro + 1 < self.accumulation_steps else TRAIN_GRAPH
+        return graph if graph in self._not_compiled else None
+
     def __call__(self, images: Tensor, targets: Tensor) -> StepOutput:
         step = self.optimizer_step
         draws = self.draws(int(images.shape[0]))
         self._micro += 1
         if self._micro < self.accumulation_steps:
+            self._not_compiled.discard(ACCUMULATION_GRAPH)
             return StepOutput(self._accumulate(images, targets, *draws), False)
+        self._not_compiled.discard(TRAIN_GRAPH)
         self._micro = 0
         packed = self._last(images, targets, *draws)
         self._host_step = step + 1

@@ -30,7 +30,7 @@ import mindspore as ms
 from swinexp.config import Plan, thaw
 from swinexp.registry import ConfigError
 
-__all__ = ["HOST_ONLY", "cache_key", "default_root", "enable"]
+__all__ = ["HOST_ONLY", "cache_key", "compiling", "default_root", "enable"]
 
 log = logging.getLogger("swinexp")
 
@@ -78,6 +78,14 @@ def _drop(tree: dict, dotted: str) -> None:
     tree.pop(leaf, None)
 
 
+_loading = False  # this process found its configuration's graphs in the cache
+
+
+def compiling(graph: str) -> str:
+    """What a first call of `graph` does in this process, in a few words for a progress bar."""
+    return f"loading {graph} from the compile cache" if _loading else f"compiling {graph}"
+
+
 def enable(plan: Plan) -> Path | None:
     """Point MindSpore's compile cache at this configuration's graphs; call before the first graph compiles.
 
@@ -103,6 +111,8 @@ def enable(plan: Plan) -> Path | None:
         shutil.copytree(shared, private, dirs_exist_ok=True)
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
     os.environ["MS_COMPILER_CACHE_PATH"] = str(private)
+    global _loading
+    _loading = found
     atexit.register(_publish, private, shared)
     log.info("hardware.compile_cache: %s compiled graphs of this configuration in %s", "loading the" if found
              else "no", shared)
