@@ -79,3 +79,12 @@ def test_the_reference_ema_follows_swinexps_rule_on_every_step_skipped_or_not() 
     assert ema.keys() == expected.keys()
     assert max(float(np.abs(ema[k] - v).max()) for k, v in expected.items()) < 1e-6
     assert max(float(np.abs(ema[k] - weights[k]).max()) for k in ema) > 1e-3  # not a copy of the weights
+
+
+def test_a_failed_check_exits_non_zero(synthetic_root: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("timm", reason="the reference extra (torch + timm) is not installed")
+    overrides = [*SMOKE, f"data.root={synthetic_root}", "hardware.mode=pynative"]
+    # float noise alone is beyond a 1e-12 tolerance: the tool must say FAILED and exit 1, for a script to see it
+    assert main([*overrides, "--steps", "1", "--tol", "1e-12", "--out", str(tmp_path / "out")]) == 1
+    assert "FAILED: parameters beyond 1e-12" in capsys.readouterr().out

@@ -7,7 +7,8 @@
 
 Overrides are run.py's (Hydra); dropout and drop path are switched off (they cannot draw the same masks on both
 sides). Prints the per-step table and the worst parameters, writes it to DIR/parity.txt and logs it as an
-MLflow run (tracking.*) with the table as artifact.
+MLflow run (tracking.*) with the table as artifact. Exit status: 0 when the weights (and EMA weights) agree within
+the tolerance, 1 when the check FAILED, 2 on a config error.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         tracker.close(status)
-    return 0
+    return 1 if report.beyond_tolerance() else 0  # a script or CI job sees a failed check
 
 
 if __name__ == "__main__":
