@@ -1,4 +1,5 @@
-"""`python -m benchmarks [step] [peers] [memory] [kernels] [data] [loader] [overhead] [chaos] [key=value ...]`: tables.
+"""`python -m benchmarks [step] [peers] [memory] [kernels] [data] [loader] [native_distance] [overhead] [chaos]
+[key=value ...]`: tables.
 
     python -m benchmarks step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
     python -m benchmarks memory                             # peak RSS at batch 16: swinexp, MindCV, timm
@@ -9,6 +10,7 @@
     python -m benchmarks data --images 512 --workers 2
     python -m benchmarks data --source-size 500x375          # ImageNet-sized JPEGs, cropped to 224
     python -m benchmarks loader --step-ms 454 --batch 256    # worker/main cost, bytes, cores per card
+    python -m benchmarks native_distance --images 200        # data.pipeline=native's pixels vs timm's, per op
     python -m benchmarks overhead --mlflow                  # also log the table as an MLflow run
     python -m benchmarks chaos --kills 30                   # SIGKILL + resume a training 30 times
 """
@@ -23,7 +25,7 @@ from dataclasses import asdict
 from difflib import get_close_matches
 from pathlib import Path
 
-from benchmarks import chaos, data, kernels, loader, memory, overhead, peers, step
+from benchmarks import chaos, data, kernels, loader, memory, native_distance, overhead, peers, step
 from benchmarks.harness import compose, configure_device, quiet_cell_teardown, release_compiled
 from benchmarks.host import NotEnoughMemory
 from benchmarks.options import Options
@@ -34,7 +36,7 @@ from swinexp.registry import ConfigError
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
     "step": step.run, "peers": peers.run, "memory": memory.run, "kernels": kernels.run, "data": data.run,
-    "loader": loader.run, "overhead": overhead.run, "chaos": chaos.run}
+    "loader": loader.run, "native_distance": native_distance.run, "overhead": overhead.run, "chaos": chaos.run}
 
 
 def _parser() -> argparse.ArgumentParser:

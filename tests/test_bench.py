@@ -205,6 +205,26 @@ def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -
     assert "8-card host, train:" in out and "device prologue" in out
 
 
+def test_native_distance_measures_each_operation_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny `native_distance` run: lossless ops agree exactly, one op with one set of parameters stays close,
+    and the differences the README names (shear pivot, timm's 1-bit Posterize at m9) show as large."""
+    from benchmarks.native_distance import COLUMNS
+
+    assert main(["native_distance", "--images", "6", "--img-size", "32"]) == 0
+    ((header, rows),) = tables(capsys.readouterr().out)
+    assert tuple(header) == COLUMNS
+    mean = {row[0]: float(row[header.index("mean abs diff (levels)")]) for row in rows}
+    assert {"decode (JPEG)", "resize + center crop (eval)", "random resized crop, same box", "horizontal flip",
+            "Rotate", "Brightness", "Equalize"} <= mean.keys()
+    assert mean["horizontal flip"] == mean["Solarize"] == mean["Posterize, same bits"] == 0
+    assert mean["decode (JPEG)"] < 1  # both decode with libjpeg(-turbo)
+    for same in ("resize + center crop (eval)", "random resized crop, same box", "Brightness", "Contrast",
+                 "ShearX, same pivot (centre)", "TranslateX"):
+        assert 0 <= mean[same] < 4, same  # interpolation and rounding, not a different image
+    assert mean["ShearX, as each applies it"] > 5 * mean["ShearX, same pivot (centre)"]
+    assert mean["Posterize, each at m9"] > 20
+
+
 def test_a_bad_source_size_is_refused_before_any_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["step", "data", "--source-size", "500 by 375"]) == 2
     assert "--source-size='500 by 375': give width x height in pixels, e.g. 500x375" in capsys.readouterr().err
