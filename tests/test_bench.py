@@ -184,9 +184,11 @@ def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixtur
 
 
 def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -> None:
-    """A tiny `loader` run: per dataset, pipeline and worker count, sane figures; uint8 pixels cross over."""
+    """A tiny `loader` run: per dataset, pipeline, per-image ops (exact and native) and worker count, sane figures;
+    uint8 pixels cross over."""
     from benchmarks.loader import COLUMNS
     from benchmarks.timm_peer import reference_installed
+    from swinexp.data.native import PIPELINES
 
     assert main(["loader", "--images", "10", "--batch", "5", "--img-size", "16", "--workers", "1",
                  "--step-ms", "100"]) == 0
@@ -194,6 +196,7 @@ def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -
     ((header, rows),) = tables(out)
     assert tuple(header) == COLUMNS
     assert {(row[0].split(" ")[0], row[1]) for row in rows} >= {("generated", "train"), ("generated", "eval")}
+    assert {(row[0], row[1], row[2]) for row in rows} == {(row[0], row[1], p) for row in rows for p in PIPELINES}
     for row in rows:
         assert row[header.index("workers")] == "1"
         assert float(row[header.index("pixel bytes/image")]) == 16 * 16 * 3  # uint8 HWC, nothing else per pixel
