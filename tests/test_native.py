@@ -1,6 +1,9 @@
 """data.pipeline=native (swinexp/data/native.py): an ablation that changes only the per-image pixel transforms."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +21,7 @@ from swinexp.data.pipeline import Loader
 from swinexp.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from swinexp.registry import ConfigError
 from swinexp.tracking import flatten
+from tests.conftest import ROOT, SMOKE
 
 
 def test_native_and_exact_plans_differ_only_in_data_pipeline(compose: Callable[..., DictConfig]) -> None:
@@ -88,3 +92,15 @@ def test_native_training_runs_on_augmented_uint8_batches(compose: Callable[..., 
     assert metrics["train/optimizer_steps"] > 0
     for key in ("train/loss", "val/loss", "val/top1"):
         assert np.isfinite(metrics[key]), key
+
+
+@pytest.mark.slow
+def test_the_pipeline_ablation_runs_through_the_cli(synthetic_root: Path, tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "-m", *SMOKE, f"data.root={synthetic_root}",
+                          "data/augment=swin", "data.pipeline=exact,native", f"hydra.sweep.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for job, pipeline in (("0", "exact"), ("1", "native")):
+        assert (tmp_path / job / "overrides.yaml").read_text().count(f"data.pipeline={pipeline}") == 1
+        metrics = json.loads((tmp_path / job / "metrics.json").read_text())
+        assert metrics["train/optimizer_steps"] > 0 and np.isfinite(metrics["val/loss"]), job
