@@ -57,12 +57,14 @@ def _by_index(loader: Loader, epoch: int) -> dict[int, np.ndarray]:
     return out
 
 
-def test_native_epochs_repeat_with_the_seed_and_differ_between_epochs(compose: Callable[..., DictConfig]) -> None:
-    spec = build_data_spec(resolve(compose("data.pipeline=native", "data.num_workers=1")))
+@pytest.mark.parametrize("workers", [1, 2])
+def test_native_epochs_repeat_with_the_seed_and_differ_between_epochs(compose: Callable[..., DictConfig],
+                                                                      workers: int) -> None:
+    spec = build_data_spec(resolve(compose("data.pipeline=native")))
     aug = swin(spec.img_size, num_classes=spec.num_classes)
 
     def loader() -> Loader:
-        return Loader(spec.train, native_of(aug.transform), spec.batch_size, 1, 5, aug.targets)
+        return Loader(spec.train, native_of(aug.transform), spec.batch_size, workers, 5, aug.targets)
 
     first, again = _by_index(loader(), 0), _by_index(loader(), 0)
     assert first.keys() == again.keys() and all(np.array_equal(first[i], again[i]) for i in first)

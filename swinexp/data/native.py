@@ -75,7 +75,7 @@ def _interpolation(name: str) -> vision.Inter:
 
 def rand_augment_magnitude(magnitude: float) -> int:
     """timm's magnitude (0..10) as the bin of MindSpore's 31-bin RandAugment covering the same fraction of range."""
-    return min(MAGNITUDE_BINS - 1, max(1, round(magnitude * (MAGNITUDE_BINS - 1) / 10)))
+    return min(MAGNITUDE_BINS - 1, max(1, round(magnitude * (MAGNITUDE_BINS - 1) / 10)))  # MindSpore refuses 0
 
 
 def _colour_ops(color: tuple[Any, ...], interpolation: vision.Inter, fill: tuple[int, ...]) -> list[Any]:
