@@ -52,6 +52,7 @@ class Pair:
     parameters: str
     exact: Callable[[Image.Image, tuple[int, int, int, int]], Image.Image | np.ndarray]
     native: Callable[[np.ndarray, tuple[int, int, int, int]], np.ndarray]
+    on_crop: bool = True  # the input is the recipe's crop (img_size px, as RandAugment sees it), else the decoded file
 
 
 def _apply(operations: tuple, x: np.ndarray) -> np.ndarray:
@@ -88,9 +89,9 @@ def pairs(img_size: int) -> tuple[Pair, ...]:
 
     return (
         Pair("resize + center crop (eval)", f"short side {math.floor(img_size / 0.875)}, crop {img_size}, bicubic",
-             lambda img, _: eval_.pixels(img), lambda x, _: _apply(native_eval_ops, x)),
+             lambda img, _: eval_.pixels(img), lambda x, _: _apply(native_eval_ops, x), on_crop=False),
         Pair("random resized crop, same box", f"to {img_size}, bicubic", crop,
-             lambda x, b: vision.ResizedCrop(*b, (img_size, img_size), vision.Inter.BICUBIC)(x)),
+             lambda x, b: vision.ResizedCrop(*b, (img_size, img_size), vision.Inter.BICUBIC)(x), on_crop=False),
         Pair("horizontal flip", "", lambda img, _: img.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
              lambda x, _: vision.HorizontalFlip()(x)),
         Pair("Rotate", f"{degrees:g} deg, bicubic", lambda img, _: ops.rotate(img, degrees, **kw),
@@ -165,17 +166,20 @@ def run(opts: Options) -> BenchResult:
         for i, (path, _) in enumerate(samples):
             img = load_rgb(path)
             rows_of["decode (JPEG)"].add(img, vision.Decode()(np.fromfile(path, np.uint8)))
-            x = np.asarray(img)
             box = crop.crop_box(*img.size, np.random.default_rng([opts.seed, i]))
+            top, left, h, w = box
+            cropped = img.crop((left, top, left + w, top + h)).resize((img_size, img_size), BICUBIC)
             for pair in pairs(img_size):
-                rows_of[pair.name].add(pair.exact(img, box), pair.native(x, box))
+                given = cropped if pair.on_crop else img
+                rows_of[pair.name].add(pair.exact(given, box), pair.native(np.asarray(given), box))
     parameters = {p.name: p.parameters for p in pairs(img_size)} | {"decode (JPEG)": "PIL vs MindSpore Decode"}
     rows = tuple((name, parameters[name], *stats.cells()) for name, stats in rows_of.items())
     metrics = {f"native_distance/{name}/{key}": float(value) for name, _, *cells in rows
                for key, value in zip(("mean", "max", "off_pct"), cells)}
     notes = (f"Exact: swinexp's numpy+PIL ops (timm's pixels bit for bit); native: MindSpore's vision ops, eager, on "
-             f"the same decoded pixels (decode row: on the same file). Geometry fill {FILL}; m{MAGNITUDE} of 10 = "
-             f"MindSpore's bin {rand_augment_magnitude(MAGNITUDE)} of 31.",
+             "the same input: the file (decode), the decoded image (eval, crop), else the exact path's crop of the "
+             f"same box ({img_size} px). Geometry fill {FILL}; m{MAGNITUDE} of 10 = MindSpore's bin "
+             f"{rand_augment_magnitude(MAGNITUDE)} of 31.",
              "Not comparable by operation: timm applies each chosen op with probability 0.5 and a magnitude drawn "
              "from N(9, 0.5); MindSpore always applies it at bin 27. timm's op set has Invert and SolarizeAdd, "
              "MindSpore's Identity instead.")
