@@ -188,7 +188,7 @@ def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -
     uint8 pixels cross over."""
     from benchmarks.loader import COLUMNS
     from benchmarks.timm_peer import reference_installed
-    from swinexp.data.native import PIPELINES
+    from swinexp.data.datasets import PIPELINES
 
     assert main(["loader", "--images", "10", "--batch", "5", "--img-size", "16", "--workers", "1",
                  "--step-ms", "100"]) == 0

@@ -6,15 +6,16 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 from swinexp.data.folder import Sample, read_class_index, scan_image_folder
-from swinexp.data.native import check_pipeline
 from swinexp.data.synthetic import SHAPES, generate
 from swinexp.registry import DATASETS, ConfigError, check_kwargs
 
 log = logging.getLogger(__name__)
+PIPELINES = ("exact", "native")  # data.pipeline: timm's pixels (numpy+PIL) | MindSpore's vision ops (data/native.py)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,14 @@ class DataSpec:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+
+def check_pipeline(pipeline: str) -> None:
+    if pipeline not in PIPELINES:
+        hint = get_close_matches(str(pipeline), PIPELINES, n=1)
+        raise ConfigError(f"data.pipeline='{pipeline}' is not a pipeline; choose one of: {', '.join(PIPELINES)} "
+                          "(exact: timm's pixels, the default; native: MindSpore's C++ vision operations)"
+                          + (f". Did you mean '{hint[0]}'?" if hint else ""))
 
 
 def _check_loader_args(batch_size: int, num_workers: int, img_size: int, crop_pct: float,

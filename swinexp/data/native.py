@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from difflib import get_close_matches
 from typing import Any
 
 import mindspore.dataset as msds
@@ -37,7 +36,6 @@ from swinexp.data.folder import Sample
 from swinexp.data.transforms import ColorJitter, EvalTransform
 from swinexp.registry import ConfigError
 
-PIPELINES = ("exact", "native")
 INTERPOLATIONS = {"bicubic": vision.Inter.BICUBIC, "bilinear": vision.Inter.BILINEAR,
                   "nearest": vision.Inter.NEAREST}
 MAGNITUDE_BINS = 31  # torchvision's RandAugment default: bin b of 31 is b/30 of each op's range (timm: m/10)
@@ -56,14 +54,6 @@ class NativeTransform:
 
     def __repr__(self) -> str:
         return f"NativeTransform({', '.join(type(op).__name__ for op in self.operations)})"
-
-
-def check_pipeline(pipeline: str) -> None:
-    if pipeline not in PIPELINES:
-        hint = get_close_matches(str(pipeline), PIPELINES, n=1)
-        raise ConfigError(f"data.pipeline='{pipeline}' is not a pipeline; choose one of: {', '.join(PIPELINES)} "
-                          "(exact: timm's pixels, the default; native: MindSpore's C++ vision operations)"
-                          + (f". Did you mean '{hint[0]}'?" if hint else ""))
 
 
 def _interpolation(name: str) -> vision.Inter:
