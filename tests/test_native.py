@@ -36,6 +36,26 @@ def test_an_unknown_pipeline_is_refused_naming_the_choices(compose: Callable[...
         resolve(compose("data.pipeline=nativ"))
 
 
+def test_a_recipe_without_native_counterparts_is_refused_before_building(compose: Callable[..., DictConfig]) -> None:
+    with pytest.raises(ConfigError, match="augmix"):
+        resolve(compose("data.pipeline=native", "data/augment=swin", "data.augment.auto_augment=augmix-m5-w4-d2"))
+    resolve(compose("data.pipeline=exact", "data/augment=swin", "data.augment.auto_augment=augmix-m5-w4-d2"))
+
+
+def test_both_pipelines_feed_the_same_samples_labels_and_mixup(compose: Callable[..., DictConfig]) -> None:
+    """Only the pixels differ: the batch's samples, labels and Mixup/CutMix targets are the same."""
+    rows = {}
+    for pipeline in ("exact", "native"):
+        loader = build_experiment(resolve(compose("data/augment=swin", f"data.pipeline={pipeline}"))).train_loader
+        row = next(iter(loader.raw_epoch(0)))
+        rows[pipeline] = (row, loader.host_part(row))
+    (exact, (exact_draws, exact_targets)), (native, (native_draws, native_targets)) = rows.values()
+    assert np.array_equal(exact[2].asnumpy(), native[2].asnumpy())  # sample indices
+    assert np.array_equal(exact[1].asnumpy(), native[1].asnumpy())  # labels
+    np.testing.assert_array_equal(exact_targets.asnumpy(), native_targets.asnumpy())
+    assert exact[0].shape == native[0].shape and not np.array_equal(exact[0].asnumpy(), native[0].asnumpy())
+
+
 def test_the_swin_recipe_maps_to_mindspore_ops_with_its_numbers() -> None:
     native = native_of(swin(32, num_classes=10).transform)
     assert [type(op) for op in native.operations] == [vision.Decode, vision.RandomResizedCrop,
