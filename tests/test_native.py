@@ -96,7 +96,7 @@ def test_native_epochs_repeat_with_the_seed_and_differ_between_epochs(compose: C
 def test_native_training_runs_on_augmented_uint8_batches(compose: Callable[..., DictConfig], tmp_path: Path) -> None:
     cfg = compose("data.pipeline=native", "data/augment=swin")
     exp = build_experiment(resolve(cfg))
-    assert isinstance(exp.train_loader._source.erasing, type(swin(32).transform.erasing))
+    assert isinstance(exp.train_loader._native.erasing, type(swin(32).transform.erasing))  # erase draws travel
     row = next(iter(exp.train_loader.raw_epoch(0)))
     pixels = row[0].asnumpy()
     assert pixels.shape == (8, 32, 32, 3) and pixels.dtype == np.uint8 and pixels.max() > pixels.min()
@@ -109,7 +109,7 @@ def test_native_training_runs_on_augmented_uint8_batches(compose: Callable[..., 
     np.testing.assert_allclose(targets.asnumpy().sum(1), 1.0, atol=1e-5)  # mixed, smoothed soft targets
     val_pixels = next(iter(exp.val_loader.raw_epoch(0)))[0].asnumpy()
     assert val_pixels.shape == (8, 32, 32, 3) and val_pixels.dtype == np.uint8
-    assert isinstance(exp.val_loader._native, NativeTransform)
+    assert isinstance(exp.val_loader._native.transform, NativeTransform)  # eval runs the native ops too
     metrics = run(cfg, JobInfo(run_dir=tmp_path))
     assert metrics["train/optimizer_steps"] > 0
     for key in ("train/loss", "val/loss", "val/top1"):

@@ -22,12 +22,14 @@ What differs from timm on the native path (`python -m benchmarks native_distance
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import mindspore.dataset as msds
 import mindspore.dataset.vision as vision
 import numpy as np
+from PIL import Image
 
 from swinexp.data.auto_augment import AugMix, AutoAugment, RandAugment
 from swinexp.data.erasing import RandomErasing
@@ -51,6 +53,13 @@ class NativeTransform:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     erasing: RandomErasing | None = None
+
+    def pixels(self, img: Image.Image, rng: np.random.Generator | None = None) -> np.ndarray:
+        """The operations after Decode, eagerly on a decoded image (`rng` unused: MindSpore's generators draw)."""
+        x = np.asarray(img, np.uint8)
+        for op in self.operations[1:]:
+            x = op(x)
+        return np.ascontiguousarray(x)
 
     def __repr__(self) -> str:
         return f"NativeTransform({', '.join(type(op).__name__ for op in self.operations)})"
@@ -131,9 +140,10 @@ class EncodedSource:
     The erase draws come from (seed, epoch, i) as on the exact path, so they are reproducible whatever the workers.
     """
 
-    def __init__(self, samples: tuple[Sample, ...], img_size: int, seed: int,
+    def __init__(self, samples: tuple[Sample, ...], transform: NativeTransform, seed: int,
                  erasing: RandomErasing | None = None) -> None:
-        self.samples, self.img_size, self.seed, self.erasing = samples, img_size, seed, erasing
+        self.samples, self.transform, self.seed, self.erasing = samples, transform, seed, erasing
+        self.img_size = transform.img_size
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -148,9 +158,16 @@ class EncodedSource:
         return (*row, draws.boxes, draws.colours, draws.keys)
 
 
-def mapped(dataset: msds.Dataset, transform: NativeTransform, workers: int) -> msds.Dataset:
-    """`dataset`'s image column (encoded bytes) through the native operations, in `workers` C++ threads."""
-    return dataset.map(list(transform.operations), input_columns=["image"], num_parallel_workers=workers)
+def native_dataset(source: EncodedSource, columns: list[str], sampler: Any, workers: int, batch_size: int,
+                   drop_remainder: bool) -> msds.Dataset:
+    """The native path's batches: one Python thread reads each file's bytes (and makes its erase draws), `workers`
+    C++ map threads decode and transform them, MindSpore's batch op stacks the uint8 images."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = msds.GeneratorDataset(source, columns, sampler=sampler, num_parallel_workers=1,
+                                        python_multiprocessing=False)
+    dataset = dataset.map(list(source.transform.operations), input_columns=["image"], num_parallel_workers=workers)
+    return dataset.batch(batch_size, drop_remainder=drop_remainder)
 
 
 def seed_epoch(seed: int, epoch: int) -> None:

@@ -16,7 +16,7 @@ from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.erasing import RandomErasing
 from swinexp.data.folder import Sample
 from swinexp.data.mixup import Mixup
-from swinexp.data.native import EncodedSource, NativeTransform, mapped, native_of, seed_epoch
+from swinexp.data.native import EncodedSource, NativeTransform, native_dataset, native_of, seed_epoch
 from swinexp.data.prologue import Prologue
 from swinexp.data.targets import BatchTransform, MixDraws, SmoothedTargets
 from swinexp.data.transforms import EvalTransform, PixelTransform
@@ -129,9 +129,9 @@ class Loader:
                 f"data.batch_size={batch_size}; lower data.batch_size or add data"
             )
         erasing = getattr(transform, "erasing", None) if train else None
-        self._native = transform if isinstance(transform, NativeTransform) else None  # data.pipeline=native
-        self._source = (EncodedSource(samples, transform.img_size, seed, erasing) if self._native is not None
-                        else DecodeTransform(samples, transform, seed, erasing))
+        self._source = DecodeTransform(samples, transform, seed, erasing)
+        self._native = (EncodedSource(samples, transform, seed, erasing)  # data.pipeline=native
+                        if isinstance(transform, NativeTransform) else None)
         self._columns = COLUMNS + (ERASE_COLUMNS if erasing is not None else [])
         self._targets, self._seed, self._workers = targets, seed, num_workers
         self._multiprocessing = python_multiprocessing and num_workers > 1
@@ -140,13 +140,14 @@ class Loader:
         self.dataset = self._pipeline(self.sampler)
 
     def _pipeline(self, sampler: EpochSampler) -> msds.Dataset:
+        if self._native is not None:
+            return native_dataset(self._native, self._columns, sampler, self._workers, self.batch_size,
+                                  self.drop_remainder)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dataset = msds.GeneratorDataset(self._source, self._columns, sampler=sampler,
-                                            num_parallel_workers=1 if self._native else self._workers,
-                                            python_multiprocessing=self._multiprocessing and not self._native)
-        if self._native is not None:  # reading bytes needs no Python workers; the C++ map threads decode
-            dataset = mapped(dataset, self._native, self._workers)
+                                            num_parallel_workers=self._workers,
+                                            python_multiprocessing=self._multiprocessing)
         # no per_batch_map: MindSpore's batch op stacks the uint8 arrays in C++, outside the GIL
         return dataset.batch(self.batch_size, drop_remainder=self.drop_remainder)
 
