@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="conf/model option (default: swin_tiny for step/peers, run.py's for overhead)")
     parser.add_argument("--batch", type=int, help="data.batch_size (default: 4 for step/peers, 16 for memory, 64 "
                                                            "for data)")
-    parser.add_argument("--img-size", type=int, help="data.img_size (default: 224 for step/peers/data)")
+    parser.add_argument("--img-size", type=int, help="data.img_size (default: 224 for step/peers/data/loader, 32 for "
+                                                           "native_distance)")
     parser.add_argument("--num-classes", type=int, default=1000, help="head classes for step/peers (default: 1000)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per candidate (default: 5)")
     parser.add_argument("--warmup", type=int, default=3,
@@ -62,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-resident", type=int, default=0,
                         help="step: at most this many compiled variants per process (reference included); "
                              "0 = all in one process (default)")
-    parser.add_argument("--images", type=int, default=512, help="data: JPEG files per split (default: 512)")
+    parser.add_argument("--images", type=int, default=512, help="data/loader: JPEG files per split; native_distance: "
+                                                                    "JPEGs compared (default: 512)")
     parser.add_argument("--source-size", metavar="WxH",
                         help="data: size of the JPEGs the pipelines decode, e.g. 500x375 as an ImageNet photo "
                              "(default: --img-size square)")
