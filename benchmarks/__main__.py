@@ -1,4 +1,5 @@
-"""`python -m benchmarks [step] [peers] [memory] [kernels] [data] [loader] [overhead] [chaos] [key=value ...]`: tables.
+"""`python -m benchmarks [step] [peers] [memory] [kernels] [data] [loader] [native_distance] [overhead] [chaos]
+[key=value ...]`: tables.
 
     python -m benchmarks step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
     python -m benchmarks memory                             # peak RSS at batch 16: swinexp, MindCV, timm
@@ -9,6 +10,7 @@
     python -m benchmarks data --images 512 --workers 2
     python -m benchmarks data --source-size 500x375          # ImageNet-sized JPEGs, cropped to 224
     python -m benchmarks loader --step-ms 454 --batch 256    # worker/main cost, bytes, cores per card
+    python -m benchmarks native_distance --images 200        # data.pipeline=native's pixels vs timm's, per op
     python -m benchmarks overhead --mlflow                  # also log the table as an MLflow run
     python -m benchmarks chaos --kills 30                   # SIGKILL + resume a training 30 times
 """
@@ -23,7 +25,7 @@ from dataclasses import asdict
 from difflib import get_close_matches
 from pathlib import Path
 
-from benchmarks import chaos, data, kernels, loader, memory, overhead, peers, step
+from benchmarks import chaos, data, kernels, loader, memory, native_distance, overhead, peers, step
 from benchmarks.harness import compose, configure_device, quiet_cell_teardown, release_compiled
 from benchmarks.host import NotEnoughMemory
 from benchmarks.options import Options
@@ -34,7 +36,7 @@ from swinexp.registry import ConfigError
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
     "step": step.run, "peers": peers.run, "memory": memory.run, "kernels": kernels.run, "data": data.run,
-    "loader": loader.run, "overhead": overhead.run, "chaos": chaos.run}
+    "loader": loader.run, "native_distance": native_distance.run, "overhead": overhead.run, "chaos": chaos.run}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="conf/model option (default: swin_tiny for step/peers, run.py's for overhead)")
     parser.add_argument("--batch", type=int, help="data.batch_size (default: 4 for step/peers, 16 for memory, 64 "
                                                            "for data)")
-    parser.add_argument("--img-size", type=int, help="data.img_size (default: 224 for step/peers/data)")
+    parser.add_argument("--img-size", type=int, help="data.img_size (default: 224 for step/peers/data/loader, 32 for "
+                                                           "native_distance)")
     parser.add_argument("--num-classes", type=int, default=1000, help="head classes for step/peers (default: 1000)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per candidate (default: 5)")
     parser.add_argument("--warmup", type=int, default=3,
@@ -60,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-resident", type=int, default=0,
                         help="step: at most this many compiled variants per process (reference included); "
                              "0 = all in one process (default)")
-    parser.add_argument("--images", type=int, default=512, help="data: JPEG files per split (default: 512)")
+    parser.add_argument("--images", type=int, default=512, help="data/loader: JPEG files per split; native_distance: "
+                                                                    "JPEGs compared (default: 512)")
     parser.add_argument("--source-size", metavar="WxH",
                         help="data: size of the JPEGs the pipelines decode, e.g. 500x375 as an ImageNet photo "
                              "(default: --img-size square)")

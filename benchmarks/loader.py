@@ -2,7 +2,7 @@
 
 On a real JPEG folder (CIFAR-10 from ../shared/datasets/cifar10, `--images` per split; skipped when the tars are
 absent) and on the generated default dataset (data=synthetic's drawn shapes), for the swin train transform and the
-eval transform, to `--img-size` px:
+eval transform, each as data.pipeline=exact (timm's pixels) and =native (MindSpore's vision ops), to `--img-size` px:
 
 - worker ms per image: what one loader worker does per image (decode, transform to uint8, erase draws), in a plain
   loop on one core, beside timm's ImageDataset + create_transform on the same files (the `reference` extra);
@@ -37,6 +37,7 @@ from swinexp.data.augment import swin
 from swinexp.data.cifar10 import extract
 from swinexp.data.datasets import DataSpec, cifar10_folder, synthetic
 from swinexp.data.decode import load_rgb
+from swinexp.data.native import native_of
 from swinexp.data.pipeline import Loader
 from swinexp.data.transforms import EvalTransform
 
@@ -44,8 +45,8 @@ __all__ = ["COLUMNS", "run"]
 
 CIFAR_DIR = CIFAR_TRAIN.parent
 CARDS = 8
-COLUMNS = ("dataset", "pipeline", "workers", "images/s", "worker ms/image", "timm ms/image", "main CPU ms/batch",
-           "pixel bytes/image", "bytes/image", "cores/card")
+COLUMNS = ("dataset", "pipeline", "per-image ops", "workers", "images/s", "worker ms/image", "timm ms/image",
+           "main CPU ms/batch", "pixel bytes/image", "bytes/image", "cores/card")
 
 
 def _cpu_s() -> float:
@@ -63,6 +64,20 @@ def _per_image_ms(samples: tuple, work: Callable[[object, np.random.Generator], 
 
     one_pass(0)
     return min(one_pass(e) for e in (1, 2))
+
+
+def _native_per_image_ms(samples: tuple, operations: tuple) -> float:
+    """The faster of 2 passes of the native operations (eager, one core) per image, after one untimed pass."""
+    def one_pass() -> float:
+        start = time.perf_counter()
+        for path, _ in samples:
+            x = np.fromfile(path, np.uint8)
+            for op in operations:
+                x = op(x)
+        return (time.perf_counter() - start) * 1e3 / len(samples)
+
+    one_pass()
+    return min(one_pass() for _ in range(2))
 
 
 def _timm_ms(folder: Path, kind: str, img_size: int, crop_pct: float, count: int) -> float:
@@ -141,38 +156,47 @@ def run(opts: Options) -> BenchResult:
                      "eval": (spec.val, lambda img, rng, t=evaluation: t.pixels(img), "val")}
             for kind, (samples, work, split) in kinds.items():
                 progress(f"loader: {name}, {kind}")
-                worker_ms = _per_image_ms(samples, work)
                 folder = root / split if (root / split).is_dir() else root / ("test" if split == "val" else split)
                 timm_ms = _timm_ms(folder, kind, img_size, spec.crop_pct, len(samples)) if with_timm else float("nan")
-                prologue = None
-                for w in range(1, workers + 1):
-                    loader = (Loader(spec.train, augment.transform, batch, w, 0, augment.targets) if kind == "train"
-                              else Loader(spec.val, evaluation, batch, w, 0))
-                    _loader_epoch(loader, 0, kind == "train")  # worker start-up
-                    seconds, cpu_s, images, batches, (pixel_bytes, all_bytes) = _loader_epoch(
-                        loader, 1, kind == "train")
-                    if prologue is None:
-                        prologue = _prologue_ms(loader, kind == "train")
-                    main_ms_per_batch = cpu_s * 1e3 / batches
-                    main_ms_per_image = main_ms_per_batch / (images / batches)
-                    cores = need_per_s * (worker_ms + main_ms_per_image) / 1e3
-                    key = f"loader/{'cifar10' if name.startswith('CIFAR') else 'synthetic'}/{kind}/{w}"
-                    metrics.update({f"{key}/images_per_s": images / seconds, f"{key}/worker_ms": worker_ms,
-                                    f"{key}/main_cpu_ms_per_batch": main_ms_per_batch,
-                                    f"{key}/pixel_bytes_per_image": pixel_bytes, f"{key}/bytes_per_image": all_bytes,
-                                    f"{key}/cores_per_card": cores})
-                    rows.append((name, kind, str(w), f"{images / seconds:.0f}", f"{worker_ms:.2f}",
-                                 "-" if np.isnan(timm_ms) else f"{timm_ms:.2f}", f"{main_ms_per_batch:.2f}",
-                                 f"{pixel_bytes:.0f}", f"{all_bytes:.0f}",
-                                 f"{cores:.2f}"))
-                notes.append(f"{name}, {kind}: device prologue {prologue:.1f} ms per batch of {batch} on this CPU "
-                             "(on a card it runs on the device).")
-    train_cores = {r[0]: float(r[9]) for r in rows if r[1] == "train" and r[2] == str(workers)}
+                exact = augment.transform if kind == "train" else evaluation
+                for pipeline, transform in (("exact", exact), ("native", native_of(exact))):
+                    native = pipeline == "native"
+                    worker_ms = (_native_per_image_ms(samples, transform.operations) if native
+                                 else _per_image_ms(samples, work))
+                    prologue = None
+                    for w in range(1, workers + 1):
+                        loader = (Loader(spec.train, transform, batch, w, 0, augment.targets) if kind == "train"
+                                  else Loader(spec.val, transform, batch, w, 0))
+                        _loader_epoch(loader, 0, kind == "train")  # worker start-up
+                        seconds, cpu_s, images, batches, (pixel_bytes, all_bytes) = _loader_epoch(
+                            loader, 1, kind == "train")
+                        if prologue is None and not native:
+                            prologue = _prologue_ms(loader, kind == "train")
+                        main_ms_per_batch = cpu_s * 1e3 / batches
+                        main_ms_per_image = main_ms_per_batch / (images / batches)
+                        # native: the C++ map threads decode inside this process, so its CPU time is all of it
+                        cores = need_per_s * (main_ms_per_image if native else worker_ms + main_ms_per_image) / 1e3
+                        key = f"loader/{'cifar10' if name.startswith('CIFAR') else 'synthetic'}/{kind}/{pipeline}/{w}"
+                        metrics.update({f"{key}/images_per_s": images / seconds, f"{key}/worker_ms": worker_ms,
+                                        f"{key}/main_cpu_ms_per_batch": main_ms_per_batch,
+                                        f"{key}/pixel_bytes_per_image": pixel_bytes,
+                                        f"{key}/bytes_per_image": all_bytes, f"{key}/cores_per_card": cores})
+                        rows.append((name, kind, pipeline, str(w), f"{images / seconds:.0f}", f"{worker_ms:.2f}",
+                                     "-" if np.isnan(timm_ms) else f"{timm_ms:.2f}",
+                                     f"{main_ms_per_batch:.2f}", f"{pixel_bytes:.0f}", f"{all_bytes:.0f}",
+                                     f"{cores:.2f}"))
+                    if prologue is not None:
+                        notes.append(f"{name}, {kind}: device prologue {prologue:.1f} ms per batch of {batch} on "
+                                     "this CPU (on a card it runs on the device; the same for both pipelines).")
+    train_cores = {f"{r[0]}, {r[2]}": float(r[10]) for r in rows if r[1] == "train" and r[3] == str(workers)}
     projection = "; ".join(f"{name}: {CARDS} x {c:.2f} = {CARDS * c:.1f} cores" for name, c in train_cores.items())
     notes = [f"cores/card = {need_per_s:.0f} images/s (batch {batch} every {step_ms:g} ms) x (worker ms/image + main "
              f"CPU ms/image) / 1000. {CARDS}-card host, train: {projection}.",
              "worker ms/image: one core, decode + transform to uint8 (+ the erase draws), the faster of 2 passes; "
              "timm: ImageDataset + create_transform (float tensors, normalized, erased) on the same files.",
+             "native (data.pipeline=native): MindSpore's vision ops; worker ms/image runs them eagerly on one core, "
+             "and in the Loader they run as C++ map threads of this process, so main CPU ms/batch holds all the "
+             "decoding and cores/card is that figure alone.",
              "main CPU ms/batch: this process over one epoch (batching, iterator, Mixup draws and targets); with 1 "
              "worker the worker runs as a thread here and its decoding is counted too; each epoch starts its worker "
              "processes anew, and that start-up is counted (short epochs overstate it).",

@@ -16,6 +16,7 @@ from swinexp.amp import report as precision_report
 from swinexp.config import ACCUMULATE_ON, Composed, HardwareCfg, Plan, TrainerCfg, compose, read, saved
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, build_loaders
 from swinexp.data.datasets import check_data_args
+from swinexp.data.native import native_of
 from swinexp.data.pipeline import EpochSampler
 from swinexp.data.transforms import EvalTransform
 from swinexp.engine.experiment import Experiment
@@ -48,6 +49,7 @@ def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
         hardware.check_backend(plan.hardware)
     check_amp_on_hardware(build_amp(plan), plan.hardware)
     check_data_args(_data_and_augment(plan)[0])
+    check_native_recipe(plan)
     model = plan.section("model")
     if {"img_size", "patch_size", "window_size", "depths"} <= model.keys():  # a Swin: its maps must fit the image
         try:
@@ -92,6 +94,14 @@ def check_trainer(trainer: TrainerCfg) -> None:
                           "between the host's reads of the step outputs)")
     if not 0 <= trainer.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={trainer.label_smoothing} must be in [0, 1)")
+
+
+def check_native_recipe(plan: Plan) -> None:
+    """With data.pipeline=native, the augment preset must have MindSpore counterparts (no AugMix, no per-image
+    random interpolation): refused here rather than after the model is built."""
+    data, augment = _data_and_augment(plan)
+    if data.get("pipeline") == "native":
+        native_of(AUGMENTS.build(augment, img_size=int(data["img_size"])).transform)
 
 
 def build_model(plan: Plan) -> nn.Cell:

@@ -184,9 +184,11 @@ def test_data_prints_images_per_second_per_pipeline(capsys: pytest.CaptureFixtur
 
 
 def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -> None:
-    """A tiny `loader` run: per dataset, pipeline and worker count, sane figures; uint8 pixels cross over."""
+    """A tiny `loader` run: per dataset, pipeline, per-image ops (exact and native) and worker count, sane figures;
+    uint8 pixels cross over."""
     from benchmarks.loader import COLUMNS
     from benchmarks.timm_peer import reference_installed
+    from swinexp.data.datasets import PIPELINES
 
     assert main(["loader", "--images", "10", "--batch", "5", "--img-size", "16", "--workers", "1",
                  "--step-ms", "100"]) == 0
@@ -194,6 +196,7 @@ def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -
     ((header, rows),) = tables(out)
     assert tuple(header) == COLUMNS
     assert {(row[0].split(" ")[0], row[1]) for row in rows} >= {("generated", "train"), ("generated", "eval")}
+    assert {(row[0], row[1], row[2]) for row in rows} == {(row[0], row[1], p) for row in rows for p in PIPELINES}
     for row in rows:
         assert row[header.index("workers")] == "1"
         assert float(row[header.index("pixel bytes/image")]) == 16 * 16 * 3  # uint8 HWC, nothing else per pixel
@@ -203,6 +206,26 @@ def test_loader_reports_the_feed_of_a_card(capsys: pytest.CaptureFixture[str]) -
                                                           "cores/card")))
         assert (row[header.index("timm ms/image")] != "-") == reference_installed()
     assert "8-card host, train:" in out and "device prologue" in out
+
+
+def test_native_distance_measures_each_operation_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny `native_distance` run: lossless ops agree exactly, one op with one set of parameters stays close,
+    and the differences the README names (shear pivot, timm's 1-bit Posterize at m9) show as large."""
+    from benchmarks.native_distance import COLUMNS
+
+    assert main(["native_distance", "--images", "6", "--img-size", "32"]) == 0
+    ((header, rows),) = tables(capsys.readouterr().out)
+    assert tuple(header) == COLUMNS
+    mean = {row[0]: float(row[header.index("mean abs diff (levels)")]) for row in rows}
+    assert {"decode (JPEG)", "resize + center crop (eval)", "random resized crop, same box", "horizontal flip",
+            "Rotate", "Brightness", "Equalize"} <= mean.keys()
+    assert mean["horizontal flip"] == mean["Solarize"] == mean["Posterize, same bits"] == 0
+    assert mean["decode (JPEG)"] < 1  # both decode with libjpeg(-turbo)
+    for same in ("resize + center crop (eval)", "random resized crop, same box", "Brightness", "Contrast",
+                 "ShearX, same pivot (centre)", "TranslateX"):
+        assert 0 <= mean[same] < 4, same  # interpolation and rounding, not a different image
+    assert mean["ShearX, as each applies it"] > 5 * mean["ShearX, same pivot (centre)"]
+    assert mean["Posterize, each at m9"] > 20
 
 
 def test_a_bad_source_size_is_refused_before_any_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:

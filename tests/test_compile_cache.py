@@ -52,8 +52,8 @@ def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic
 
 def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compose) -> None:
     key = compile_cache.cache_key(resolve(compose()))
-    for host_only in ("seed=3", "data/augment=swin", "tracking=mlflow", "trainer.label_smoothing=0.2",
-                      "trainer.checkpoint.keep_last=5"):
+    for host_only in ("seed=3", "data/augment=swin", "data.pipeline=native", "tracking=mlflow",
+                      "trainer.label_smoothing=0.2", "trainer.checkpoint.keep_last=5"):
         assert compile_cache.cache_key(resolve(compose(host_only))) == key, host_only
     for graph in ("trainer.clip_grad=1.0", "data.batch_size=4", "amp=o2", "model.qkv=fused",
                   "optimizer.weight_decay=0.01", "trainer.accumulation_steps=2"):

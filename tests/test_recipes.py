@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 
 PRESETS = {"swin_tiny_in1k": ("swin_tiny", 0.2), "swin_small_in1k": ("swin_small", 0.3),
            "swin_base_in1k": ("swin_base", 0.5)}  # drop_path_rate of the official configs
-SCREENING_SWEEPS = ("accumulation", "amp_ablation", "index_rewrites")
+SCREENING_SWEEPS = ("accumulation", "amp_ablation", "index_rewrites", "pipeline_ablation")
 
 
 def _folder(root: Path, classes: int = 2, per_class: int = 3) -> Path:

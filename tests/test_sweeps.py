@@ -29,6 +29,7 @@ EXPECTED_JOBS = {
     "amp_ablation": [["amp=o0"], ["amp=o2"], ["amp=o1_manual"]],
     "index_rewrites": [[f"model/rewrites={r}"] for r in
                        ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")],
+    "pipeline_ablation": [["data.pipeline=exact"], ["data.pipeline=native"]],
     "seeds": [["seed=1"], ["seed=2"], ["seed=3"]],
 }
 

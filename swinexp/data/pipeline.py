@@ -16,6 +16,7 @@ from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.erasing import RandomErasing
 from swinexp.data.folder import Sample
 from swinexp.data.mixup import Mixup
+from swinexp.data.native import EncodedSource, NativeTransform, native_dataset, native_of, seed_epoch
 from swinexp.data.prologue import Prologue
 from swinexp.data.targets import BatchTransform, MixDraws, SmoothedTargets
 from swinexp.data.transforms import EvalTransform, PixelTransform
@@ -115,9 +116,9 @@ class Loader:
     `skipped_files` counts the unreadable files replaced so far in the current epoch (reset by `epoch`).
     """
 
-    def __init__(self, samples: tuple[Sample, ...], transform: PixelTransform, batch_size: int, num_workers: int,
-                 seed: int, targets: BatchTransform | None = None, python_multiprocessing: bool = True,
-                 num_shards: int = 1, shard_id: int = 0, jit: bool = True) -> None:
+    def __init__(self, samples: tuple[Sample, ...], transform: PixelTransform | NativeTransform, batch_size: int,
+                 num_workers: int, seed: int, targets: BatchTransform | None = None,
+                 python_multiprocessing: bool = True, num_shards: int = 1, shard_id: int = 0, jit: bool = True) -> None:
         train = targets is not None
         self.skipped_files = 0
         self.sampler = EpochSampler(len(samples), seed, shuffle=train, num_shards=num_shards, shard_id=shard_id)
@@ -129,6 +130,8 @@ class Loader:
             )
         erasing = getattr(transform, "erasing", None) if train else None
         self._source = DecodeTransform(samples, transform, seed, erasing)
+        self._native = (EncodedSource(samples, transform, seed, erasing)  # data.pipeline=native
+                        if isinstance(transform, NativeTransform) else None)
         self._columns = COLUMNS + (ERASE_COLUMNS if erasing is not None else [])
         self._targets, self._seed, self._workers = targets, seed, num_workers
         self._multiprocessing = python_multiprocessing and num_workers > 1
@@ -137,6 +140,9 @@ class Loader:
         self.dataset = self._pipeline(self.sampler)
 
     def _pipeline(self, sampler: EpochSampler) -> msds.Dataset:
+        if self._native is not None:
+            return native_dataset(self._native, self._columns, sampler, self._workers, self.batch_size,
+                                  self.drop_remainder)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dataset = msds.GeneratorDataset(self._source, self._columns, sampler=sampler,
@@ -159,6 +165,8 @@ class Loader:
             rest = copy.copy(self.sampler)
             rest.start = start_batch * self.batch_size
             dataset = self._pipeline(rest)
+        if self._native is not None and self._targets is not None:
+            seed_epoch(self._seed, epoch)
         iterator = dataset.create_tuple_iterator(num_epochs=1)
         try:
             for row in iterator:
@@ -202,14 +210,18 @@ class Loader:
 def build_loaders(spec: DataSpec, train_transform: PixelTransform, seed: int, targets: BatchTransform | None = None,
                   num_shards: int = 1, shard_id: int = 0) -> tuple[Loader, Loader]:
     """Train loader (shuffled per epoch, augmented, full batches, soft targets) and val loader (fixed order,
-    eval transform, int labels), each reading shard `shard_id` of `num_shards` (one per data-parallel rank).
+    eval transform, int labels), each reading shard `shard_id` of `num_shards` (one per data-parallel rank); with
+    spec.pipeline 'native', both transforms run as MindSpore's vision operations (`swinexp.data.native`).
     `targets` defaults to one-hot targets without smoothing."""
     targets = targets or SmoothedTargets(spec.num_classes, smoothing=0.0)
     if isinstance(targets, Mixup) and targets.mode == "pair" and spec.batch_size % 2:
         raise ConfigError(f"data.augment.mixup_mode=pair mixes image i with B-1-i and needs an even "
                           f"data.batch_size, got {spec.batch_size}")
+    eval_transform = EvalTransform(spec.img_size, spec.crop_pct)
+    if spec.pipeline == "native":
+        train_transform, eval_transform = native_of(train_transform), native_of(eval_transform)
     train = Loader(spec.train, train_transform, spec.batch_size, spec.num_workers, seed, targets,
                    spec.python_multiprocessing, num_shards, shard_id)
-    val = Loader(spec.val, EvalTransform(spec.img_size, spec.crop_pct), spec.batch_size, spec.num_workers, seed,
+    val = Loader(spec.val, eval_transform, spec.batch_size, spec.num_workers, seed,
                  python_multiprocessing=spec.python_multiprocessing, num_shards=num_shards, shard_id=shard_id)
     return train, val

@@ -1,0 +1,180 @@
+"""`data.pipeline=native`: the same train/eval recipe as MindSpore's own C++ `mindspore.dataset.vision` operations.
+
+The exact path (the default) runs swinexp's numpy+PIL port of timm in Python workers, pixel for pixel timm's.
+The native path reads each file's bytes and maps MindSpore's Decode, RandomResizedCrop, RandomHorizontalFlip and
+RandAugment (or AutoAugment / RandomColorAdjust) over them in C++ threads; eval is Decode, Resize, CenterCrop. Both
+hand the loader uint8 HWC pixels, so normalization, RandomErasing and Mixup/CutMix stay in the device prologue and
+the two paths differ only in the per-image pixel transforms.
+
+What differs from timm on the native path (`python -m benchmarks native_distance` measures it per operation):
+- interpolation: OpenCV's bicubic/bilinear kernels, not PIL's; JPEG decoding by libjpeg-turbo through OpenCV;
+- RandAugment is torchvision's: 14 ops (Identity instead of timm's Invert and SolarizeAdd), each applied always
+  (timm: each with probability 0.5), a fixed magnitude (no `mstd` noise), timm's magnitude m of 10 mapped to bin
+  round(3 m) of 31 (shear, rotate, translate, colour factors then match timm's 'inc1' ranges; Posterize keeps
+  4 bits where timm's increasing Posterize keeps 1);
+- AutoAugment ('original', 'v0', ...) is torchvision's ImageNet policy; AugMix and 'random' interpolation have no
+  native counterpart and are refused;
+- randomness: MindSpore's op generators, seeded per epoch from (seed, epoch) — reproducible for a fixed
+  data.num_workers on one machine, but not across worker counts (rows reach the map threads in a different order),
+  and a resumed mid-epoch run does not redraw the uninterrupted epoch's crops; an unreadable file stops the epoch
+  (the exact path skips it).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import mindspore.dataset as msds
+import mindspore.dataset.vision as vision
+import numpy as np
+from PIL import Image
+
+from swinexp.data.auto_augment import AugMix, AutoAugment, RandAugment
+from swinexp.data.erasing import RandomErasing
+from swinexp.data.factory import TrainTransform
+from swinexp.data.folder import Sample
+from swinexp.data.transforms import ColorJitter, EvalTransform
+from swinexp.registry import ConfigError
+
+INTERPOLATIONS = {"bicubic": vision.Inter.BICUBIC, "bilinear": vision.Inter.BILINEAR,
+                  "nearest": vision.Inter.NEAREST}
+MAGNITUDE_BINS = 31  # torchvision's RandAugment default: bin b of 31 is b/30 of each op's range (timm: m/10)
+
+
+@dataclass(frozen=True)
+class NativeTransform:
+    """MindSpore vision operations the loader maps over a file's encoded bytes (Decode first): uint8 (S, S, 3)
+    out, the same kind of pixels as a PixelTransform's `pixels`; normalization and erasing stay in the prologue."""
+
+    operations: tuple[Any, ...]
+    img_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    erasing: RandomErasing | None = None
+
+    def pixels(self, img: Image.Image, rng: np.random.Generator | None = None) -> np.ndarray:
+        """The operations after Decode, eagerly on a decoded image (`rng` unused: MindSpore's generators draw)."""
+        x = np.asarray(img, np.uint8)
+        for op in self.operations[1:]:
+            x = op(x)
+        return np.ascontiguousarray(x)
+
+    def __repr__(self) -> str:
+        return f"NativeTransform({', '.join(type(op).__name__ for op in self.operations)})"
+
+
+def _interpolation(name: str) -> vision.Inter:
+    if name not in INTERPOLATIONS:
+        raise ConfigError(f"data.augment.interpolation='{name}' has no data.pipeline=native counterpart (MindSpore "
+                          f"draws no interpolation per image); use one of: {', '.join(INTERPOLATIONS)}")
+    return INTERPOLATIONS[name]
+
+
+def rand_augment_magnitude(magnitude: float) -> int:
+    """timm's magnitude (0..10) as the bin of MindSpore's 31-bin RandAugment covering the same fraction of range."""
+    return min(MAGNITUDE_BINS - 1, max(1, round(magnitude * (MAGNITUDE_BINS - 1) / 10)))  # MindSpore refuses 0
+
+
+def _colour_ops(color: tuple[Any, ...], interpolation: vision.Inter, fill: tuple[int, ...]) -> list[Any]:
+    """The native counterparts of a TrainTransform's colour stage (timm's auto-augment or colour jitter)."""
+    ops: list[Any] = []
+    for op in color:
+        if isinstance(op, RandAugment):
+            magnitude = rand_augment_magnitude(op.ops[0].magnitude)  # timm gives every op of a policy the same m
+            ops.append(vision.RandAugment(num_ops=op.num_layers, magnitude=magnitude, num_magnitude_bins=MAGNITUDE_BINS,
+                                          interpolation=interpolation, fill_value=fill))
+        elif isinstance(op, AutoAugment):
+            ops.append(vision.AutoAugment(vision.AutoAugmentPolicy.IMAGENET, interpolation, fill))
+        elif isinstance(op, ColorJitter):
+            ops.append(vision.RandomColorAdjust((max(0.0, 1 - op.brightness), 1 + op.brightness),
+                                                (max(0.0, 1 - op.contrast), 1 + op.contrast),
+                                                (max(0.0, 1 - op.saturation), 1 + op.saturation), (-op.hue, op.hue)))
+        elif isinstance(op, AugMix):
+            raise ConfigError("data.augment.auto_augment='augmix-...' has no data.pipeline=native counterpart; use "
+                              "data.pipeline=exact, or a rand-/original auto_augment")
+        else:
+            raise ConfigError(f"{op!r} has no data.pipeline=native counterpart; use data.pipeline=exact")
+    return ops
+
+
+def native_train(transform: TrainTransform) -> NativeTransform:
+    """The native operations of an exact train transform: the same crop box ranges, flip probability, colour
+    stage and fill colour; its RandomErasing stays as host draws for the prologue."""
+    crop = transform.crop
+    if crop.vflip > 0:
+        raise ConfigError("vflip has no data.pipeline=native counterpart in this recipe; use data.pipeline=exact")
+    interpolation = _interpolation(crop.interpolation)
+    fill = tuple(min(255, round(255 * m)) for m in transform.mean)
+    ops = [vision.Decode(),
+           vision.RandomResizedCrop(crop.img_size, scale=crop.scale, ratio=crop.ratio, interpolation=interpolation),
+           *([vision.RandomHorizontalFlip(crop.hflip)] if crop.hflip > 0 else []),
+           *_colour_ops(transform.color, interpolation, fill)]
+    return NativeTransform(tuple(ops), crop.img_size, transform.mean, transform.std, transform.erasing)
+
+
+def native_eval(transform: EvalTransform) -> NativeTransform:
+    """Decode, resize the short side to floor(img_size / crop_pct), center-crop img_size: timm's eval recipe."""
+    resize = math.floor(transform.img_size / transform.crop_pct)
+    ops = (vision.Decode(), vision.Resize(resize, _interpolation(transform.interpolation)),
+           vision.CenterCrop(transform.img_size))
+    return NativeTransform(ops, transform.img_size, transform.mean, transform.std)
+
+
+def native_of(transform: Any) -> NativeTransform:
+    """The native counterpart of an exact per-image transform (a train preset's, or the eval transform)."""
+    if isinstance(transform, NativeTransform):
+        return transform
+    if isinstance(transform, EvalTransform):
+        return native_eval(transform)
+    if isinstance(transform, TrainTransform):
+        return native_train(transform)
+    raise ConfigError(f"data.pipeline=native cannot translate {type(transform).__name__}; use data.pipeline=exact")
+
+
+class EncodedSource:
+    """Random-access source of the native path: index -> (the file's encoded bytes uint8 (N,), int32 label, int64
+    epoch-carrying index, int32 skipped (always 0), and with `erasing` the erase draws of `DecodeTransform`).
+
+    The erase draws come from (seed, epoch, i) as on the exact path, so they are reproducible whatever the workers.
+    """
+
+    def __init__(self, samples: tuple[Sample, ...], transform: NativeTransform, seed: int,
+                 erasing: RandomErasing | None = None) -> None:
+        self.samples, self.transform, self.seed, self.erasing = samples, transform, seed, erasing
+        self.img_size = transform.img_size
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
+        epoch, i = divmod(int(index), len(self.samples))
+        path, label = self.samples[i]
+        row = (np.fromfile(path, np.uint8), np.int32(label), np.int64(index), np.int32(0))
+        if self.erasing is None:
+            return row
+        draws = self.erasing.draw((3, self.img_size, self.img_size), np.random.default_rng([self.seed, epoch, i]))
+        return (*row, draws.boxes, draws.colours, draws.keys)
+
+
+def native_dataset(source: EncodedSource, columns: list[str], sampler: Any, workers: int, batch_size: int,
+                   drop_remainder: bool) -> msds.Dataset:
+    """The native path's batches: one Python thread reads each file's bytes (and makes its erase draws), `workers`
+    C++ map threads decode and transform them, MindSpore's batch op stacks the uint8 images."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = msds.GeneratorDataset(source, columns, sampler=sampler, num_parallel_workers=1,
+                                        python_multiprocessing=False)
+    dataset = dataset.map(list(source.transform.operations), input_columns=["image"], num_parallel_workers=workers)
+    return dataset.batch(batch_size, drop_remainder=drop_remainder)
+
+
+def seed_epoch(seed: int, epoch: int) -> None:
+    """Seed MindSpore's dataset generators for one epoch's iterator.
+
+    MindSpore seeds its random vision ops when an iterator is built, from the global dataset seed: without a new
+    seed per epoch every epoch would repeat the first epoch's draws position by position. This is the one global
+    setting outside `runtime.hardware`, and it changes only the dataset engine's seed.
+    """
+    msds.config.set_seed(int(np.random.default_rng([seed, epoch]).integers(2**31 - 1)))
