@@ -50,6 +50,28 @@ def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic
     assert [p.name for p in cache.iterdir()] == [published.name]  # the loading job wrote nothing into the cache
 
 
+@pytest.mark.slow
+def test_jobs_sharing_one_process_never_write_into_the_first_jobs_cache(tmp_path: Path, synthetic_root: Path) -> None:
+    # hydra/launcher=basic runs both jobs in this one process; MindSpore keeps the first job's cache directory for
+    # the whole process, so the second job's graphs (another clip value) would land among the first job's, and a
+    # later process of the second configuration could load them as its own
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "-m", *SMOKE, "hydra/launcher=basic",
+         f"data.root={synthetic_root}", "hardware.compile_cache=true", f"hardware.compile_cache_dir={cache}",
+         "trainer.clip_grad=null,1.0", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "hardware.compile_cache: off for this job" in done.stdout
+    (published,) = list(cache.iterdir())  # the first job's configuration, with its own graphs only
+    alone = tmp_path / "alone"
+    _train(tmp_path, synthetic_root, "first_alone", "hardware.compile_cache=true",
+           f"hardware.compile_cache_dir={alone}")
+    (expected,) = list(alone.iterdir())
+    assert published.name == expected.name
+    assert sorted(p.name for p in published.rglob("*.mindir")) == sorted(p.name for p in expected.rglob("*.mindir"))
+
+
 def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compose) -> None:
     key = compile_cache.cache_key(resolve(compose()))
     for host_only in ("seed=3", "data/augment=swin", "data.pipeline=native", "tracking=mlflow",
@@ -62,6 +84,7 @@ def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compo
 
 def test_off_by_default_and_leaves_mindspores_cache_alone(compose, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
+    monkeypatch.setattr(compile_cache, "_fixed", None)
     assert compile_cache.enable(resolve(compose())) is None
     assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
 

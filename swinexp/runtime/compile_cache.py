@@ -79,6 +79,9 @@ def _drop(tree: dict, dotted: str) -> None:
 
 
 _loading = False  # this process found its configuration's graphs in the cache
+# the configuration whose cache this process uses: MindSpore reads MS_COMPILER_CACHE_PATH once, at the process's
+# first cached compile, and numbers the graphs from there (MS_COMPILER_CACHE_ENABLE it reads at every compile)
+_fixed: Path | None = None
 
 
 def compiling(graph: str) -> str:
@@ -93,7 +96,17 @@ def enable(plan: Plan) -> Path | None:
         The configuration's cache directory (filled when this process exits, if it was not there yet), or None
         when `hardware.compile_cache` is off.
     """
+    global _loading, _fixed
     hw = plan.hardware
+    if _fixed is not None:  # a later job of this process (hydra/launcher=basic): its graphs must not go there
+        os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"
+        _loading = False
+        if hw.compile_cache:
+            log.warning("hardware.compile_cache: off for this job. MindSpore fixes its cache directory at a "
+                        "process's first cached compile, and an earlier job of this process took it (%s); the "
+                        "default launcher (hydra/launcher=isolated) runs every job in its own process",
+                        _fixed)
+        return None
     if not hw.compile_cache:
         return None
     entry = ms.graph.api.entry_script_path  # sys.argv[0] when MindSpore was imported
@@ -111,8 +124,7 @@ def enable(plan: Plan) -> Path | None:
         shutil.copytree(shared, private, dirs_exist_ok=True)
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
     os.environ["MS_COMPILER_CACHE_PATH"] = str(private)
-    global _loading
-    _loading = found
+    _loading, _fixed = found, shared
     atexit.register(_publish, private, shared)
     log.info("hardware.compile_cache: %s compiled graphs of this configuration in %s", "loading the" if found
              else "no", shared)
