@@ -2,10 +2,12 @@
 compile does; the cache directory is keyed by what shapes the graphs, and a shared directory is never written to."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import mindspore as ms
@@ -72,6 +74,21 @@ def test_jobs_sharing_one_process_never_write_into_the_first_jobs_cache(tmp_path
     assert sorted(p.name for p in published.rglob("*.mindir")) == sorted(p.name for p in expected.rglob("*.mindir"))
 
 
+@pytest.mark.slow
+def test_a_resumed_run_that_skips_the_amp_report_runs_its_own_graphs(tmp_path: Path, synthetic_root: Path) -> None:
+    # the first part compiles the AMP report's sub-cells before its steps; the resumed part makes no report. MindSpore
+    # hands out cached graphs by their place in the process's compiles, so had the report's graphs gone into the
+    # cache, the resumed train step would have run the patch embedding's graph
+    on = ["hardware.compile_cache=true", f"hardware.compile_cache_dir={tmp_path / 'cache'}",
+          "trainer.amp_report=true", "trainer.progress_bar=true"]
+    _, first_log = _train(tmp_path, synthetic_root, "run", *on, "trainer.stop_after_epoch=1")
+    assert "amp_drift.txt" in " ".join(p.name for p in (tmp_path / "run").rglob("*")), first_log[-2000:]
+    resumed, resumed_log = _train(tmp_path, synthetic_root, "run", *on, "trainer.stop_after_epoch=null")
+    straight, _ = _train(tmp_path, synthetic_root, "straight", "trainer.amp_report=true")
+    assert "loading the train step from the compile cache" in resumed_log
+    assert len(straight) == 2 and resumed[-1] == straight[-1]
+
+
 def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compose) -> None:
     key = compile_cache.cache_key(resolve(compose()))
     for host_only in ("seed=3", "data/augment=swin", "data.pipeline=native", "tracking=mlflow",
@@ -84,7 +101,7 @@ def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compo
 
 def test_off_by_default_and_leaves_mindspores_cache_alone(compose, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
-    monkeypatch.setattr(compile_cache, "_fixed", None)
+    monkeypatch.setattr(compile_cache, "_session", None)
     assert compile_cache.enable(resolve(compose())) is None
     assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
 
@@ -106,9 +123,32 @@ def test_a_job_publishes_its_graphs_once_and_never_over_another_jobs(tmp_path: P
         (private / "rank_0" / "graph_cache").mkdir(parents=True)
         (private / "rank_0" / "graph_cache" / "compile_cache_0.mindir").write_bytes(content)
     empty.mkdir()
-    compile_cache._publish(empty, shared)  # compiled nothing (e.g. failed before the first step): nothing to share
+    session = partial(compile_cache._Session, shared, held=None, cached=["the train step"])
+    compile_cache._publish(session(empty, cached=[]))  # compiled nothing (failed before the first step)
     assert not shared.exists() and not empty.exists()
-    compile_cache._publish(first, shared)
-    compile_cache._publish(second, shared)  # finished later: the first job's cache stays, this copy is dropped
+    compile_cache._publish(session(first))
+    compile_cache._publish(session(second))  # finished later: the first job's cache stays, this copy is dropped
     assert (shared / "rank_0" / "graph_cache" / "compile_cache_0.mindir").read_bytes() == b"first"
+    assert json.loads((shared / compile_cache.MANIFEST).read_text()) == ["the train step"]
     assert not first.exists() and not second.exists()
+
+
+def test_only_the_step_graphs_go_through_the_cache_in_the_order_it_holds_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = ["the train step", "the eval step"]
+    session = compile_cache._Session(tmp_path / "shared", tmp_path / "private", held)
+    monkeypatch.setattr(compile_cache, "_session", session)
+    monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "0")
+    with compile_cache.first_call(None):  # not a first call: the cache stays off
+        assert os.environ["MS_COMPILER_CACHE_ENABLE"] == "0"
+    assert compile_cache.compiling("the train step") == "loading the train step from the compile cache"
+    with compile_cache.first_call("the train step"):
+        assert os.environ["MS_COMPILER_CACHE_ENABLE"] == "1"
+    assert os.environ["MS_COMPILER_CACHE_ENABLE"] == "0" and session.cached == ["the train step"]
+    # the cache holds the eval step next: an accumulation step here would be handed the eval step's graph
+    assert compile_cache.compiling("the accumulation step") == "compiling the accumulation step"
+    with compile_cache.first_call("the accumulation step"):
+        assert os.environ["MS_COMPILER_CACHE_ENABLE"] == "0"
+    with compile_cache.first_call("the eval step"):  # and from there on nothing is taken from the cache
+        assert os.environ["MS_COMPILER_CACHE_ENABLE"] == "0"
+    assert session.broken

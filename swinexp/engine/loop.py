@@ -156,7 +156,8 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
             profiler.before_step(step_number)
         if graph := train_step.next_compile():
             bar.set_postfix_str(compile_cache.compiling(graph))
-        out = train_step(images, targets)
+        with compile_cache.first_call(graph):
+            out = train_step(images, targets)
         if graph:
             bar.set_postfix_str("")
         phases.mark("step")
@@ -307,7 +308,8 @@ def _validation(exp: Experiment, eval_step: EvalStep, epoch: int, weights: str =
         for batch in _limit(exp.val_loader.epoch(epoch), limit):
             if graph := eval_step.next_compile():
                 bar.set_postfix_str(compile_cache.compiling(graph))
-            yield batch
+            with compile_cache.first_call(graph):
+                yield batch  # evaluate() calls the step on it here
             if graph:
                 bar.set_postfix_str("", refresh=False)
             bar.update()

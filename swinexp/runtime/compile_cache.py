@@ -10,6 +10,9 @@ weight decay) silently runs the graphs of the job that wrote the cache (BENCHMAR
 - a job never writes into a shared directory: it compiles into a private one and, when it exits, renames that to
   the configuration's directory if none exists yet (a rename is atomic, so a reader never sees a half-written
   cache); a job that finds the directory works on a private copy of it.
+- only the step graphs go through the cache (`first_call`, around their first call), each named in the cache's
+  manifest in the order MindSpore numbered it; a process whose graphs come in another order (a resumed run that
+  skips the AMP report, one interrupted before its epoch's validation) compiles from that graph on without it.
 
 The step functions are compiled as Cells (`engine.step.GraphStep`), whose parameters MindSpore binds to a loaded
 graph; a plain jitted function would run a cached graph on uninitialized weights.
@@ -23,6 +26,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mindspore as ms
@@ -30,7 +36,7 @@ import mindspore as ms
 from swinexp.config import Plan, thaw
 from swinexp.registry import ConfigError
 
-__all__ = ["HOST_ONLY", "cache_key", "compiling", "default_root", "enable"]
+__all__ = ["HOST_ONLY", "MANIFEST", "cache_key", "compiling", "default_root", "enable", "first_call"]
 
 log = logging.getLogger("swinexp")
 
@@ -78,34 +84,79 @@ def _drop(tree: dict, dotted: str) -> None:
     tree.pop(leaf, None)
 
 
-_loading = False  # this process found its configuration's graphs in the cache
-# the configuration whose cache this process uses: MindSpore reads MS_COMPILER_CACHE_PATH once, at the process's
-# first cached compile, and numbers the graphs from there (MS_COMPILER_CACHE_ENABLE it reads at every compile)
-_fixed: Path | None = None
+MANIFEST = "graphs.json"  # the names of a cache's graphs, in the order MindSpore numbered them
+
+
+@dataclass
+class _Session:
+    """This process's use of the cache: MindSpore reads MS_COMPILER_CACHE_PATH once, at the process's first cached
+    compile, numbers the cached graphs from there and loads graph n for the n-th cached compile, whatever it is;
+    MS_COMPILER_CACHE_ENABLE it reads at every compile."""
+
+    shared: Path
+    private: Path
+    held: list[str] | None  # the graphs the shared cache holds, in order; None: there was none to load
+    cached: list[str] = field(default_factory=list)  # the graphs this process compiled or loaded with the cache
+    active: bool = True   # False once a later job of this process (hydra/launcher=basic) started
+    broken: bool = False  # a graph came where the cache holds another: the rest compiles without the cache
+
+    def loads(self, graph: str) -> bool:
+        index = len(self.cached)
+        return self.held is not None and index < len(self.held) and self.held[index] == graph
+
+
+_session: _Session | None = None
 
 
 def compiling(graph: str) -> str:
     """What a first call of `graph` does in this process, in a few words for a progress bar."""
-    return f"loading {graph} from the compile cache" if _loading else f"compiling {graph}"
+    s = _session
+    loads = s is not None and s.active and not s.broken and s.loads(graph)
+    return f"loading {graph} from the compile cache" if loads else f"compiling {graph}"
+
+
+@contextmanager
+def first_call(graph: str | None) -> Iterator[None]:
+    """Around the first call of a step graph (None: not a first call, nothing to do): only these graphs go through
+    the cache, one by one in the order the cache holds them, so no other compile of the process (an AMP report's
+    sub-cells, a resumed run that skips one) can take a cached graph's place and run it."""
+    s = _session
+    if graph is None or s is None or not s.active or s.broken:
+        yield
+        return
+    if s.held is not None and not s.loads(graph):
+        s.broken = True
+        place = len(s.cached)
+        log.warning("hardware.compile_cache: %s comes as graph %d, where the cache holds %s; it and the rest of "
+                    "this process compile without the cache", graph, place,
+                    s.held[place] if place < len(s.held) else "nothing")
+        yield
+        return
+    os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"
+    s.cached.append(graph)
 
 
 def enable(plan: Plan) -> Path | None:
-    """Point MindSpore's compile cache at this configuration's graphs; call before the first graph compiles.
+    """Point MindSpore's compile cache at this configuration's graphs; call before the first graph compiles. Only
+    the step graphs use it, inside `first_call`.
 
     Returns:
         The configuration's cache directory (filled when this process exits, if it was not there yet), or None
         when `hardware.compile_cache` is off.
     """
-    global _loading, _fixed
+    global _session
     hw = plan.hardware
-    if _fixed is not None:  # a later job of this process (hydra/launcher=basic): its graphs must not go there
-        os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"
-        _loading = False
+    if _session is not None:  # a later job of this process (hydra/launcher=basic): its graphs must not go there
+        _session.active = False
         if hw.compile_cache:
             log.warning("hardware.compile_cache: off for this job. MindSpore fixes its cache directory at a "
                         "process's first cached compile, and an earlier job of this process took it (%s); the "
                         "default launcher (hydra/launcher=isolated) runs every job in its own process",
-                        _fixed)
+                        _session.shared)
         return None
     if not hw.compile_cache:
         return None
@@ -119,22 +170,26 @@ def enable(plan: Plan) -> Path | None:
     root.mkdir(parents=True, exist_ok=True)
     shared = root / cache_key(plan)
     private = Path(tempfile.mkdtemp(prefix=f".{shared.name}-", dir=root))
-    found = shared.is_dir()
-    if found:
+    held = None
+    if (shared / MANIFEST).is_file():
         shutil.copytree(shared, private, dirs_exist_ok=True)
-    os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
+        held = json.loads((shared / MANIFEST).read_text())
+    os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"  # on only inside first_call
     os.environ["MS_COMPILER_CACHE_PATH"] = str(private)
-    _loading, _fixed = found, shared
-    atexit.register(_publish, private, shared)
-    log.info("hardware.compile_cache: %s compiled graphs of this configuration in %s", "loading the" if found
-             else "no", shared)
+    _session = _Session(shared, private, held)
+    atexit.register(_publish, _session)
+    log.info("hardware.compile_cache: %s compiled graphs of this configuration in %s",
+             "loading the" if held is not None else "no", shared)
     return shared
 
 
-def _publish(private: Path, shared: Path) -> None:
-    """Make `private` the configuration's cache if it holds graphs and none is there yet; else discard it."""
+def _publish(session: _Session) -> None:
+    """Make the session's private directory the configuration's cache, with its manifest, if it compiled graphs and
+    none is there yet; else discard it."""
+    private, shared = session.private, session.shared
     try:
-        if not shared.exists() and any(private.rglob("*.mindir")):
+        if session.cached and not session.broken and not shared.exists() and any(private.rglob("*.mindir")):
+            (private / MANIFEST).write_text(json.dumps(session.cached))
             os.rename(private, shared)
             return
     except OSError:  # another job published first
