@@ -86,8 +86,9 @@ class HardwareCfg:
                                                 # ascend910b | ...; null = read from the card at start (Ascend)
     overflow_check: str = "auto"                # auto | isfinite | status_register (amp/overflow.py): how fp16
                                                 # overflow is seen; auto = the status register on a saturating card
-    compile_cache: bool = False                 # reuse the graphs an identical config compiled (compile_cache.py)
+    compile_cache: bool = True                  # reuse the graphs an identical config compiled (compile_cache.py)
     compile_cache_dir: Optional[str] = None     # where; null = $XDG_CACHE_HOME/swinexp/compile (~/.cache/...)
+    compile_cache_max_gb: float = 2.0           # its size cap: the configurations used longest ago go first
     num_devices: int = 1                        # worker processes per node
     num_nodes: int = 1
     master_addr: str = "127.0.0.1"              # msrun scheduler host: node 0's address on a cluster

@@ -3,10 +3,12 @@ compile does; the cache directory is keyed by what shapes the graphs, and a shar
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -45,7 +47,7 @@ def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic
     # another seed: host-only (its draws are inputs of the step), so the same graphs; their results must be
     # those of a cold compile of that seed (MindSpore's own cache ran uninitialized weights: NaN losses)
     cached, cached_log = _train(tmp_path, synthetic_root, "cached", *on, "seed=7")
-    cold, _ = _train(tmp_path, synthetic_root, "cold", "seed=7")
+    cold, _ = _train(tmp_path, synthetic_root, "cold", "seed=7", "hardware.compile_cache=false")
     assert "loading the compiled graphs" in cached_log and "Use the compilation cache" in cached_log
     assert "loading the train step from the compile cache" in cached_log and "compiling" not in cached_log
     assert len(cold) == 2 and cached == cold
@@ -84,7 +86,8 @@ def test_a_resumed_run_that_skips_the_amp_report_runs_its_own_graphs(tmp_path: P
     _, first_log = _train(tmp_path, synthetic_root, "run", *on, "trainer.stop_after_epoch=1")
     assert "amp_drift.txt" in " ".join(p.name for p in (tmp_path / "run").rglob("*")), first_log[-2000:]
     resumed, resumed_log = _train(tmp_path, synthetic_root, "run", *on, "trainer.stop_after_epoch=null")
-    straight, _ = _train(tmp_path, synthetic_root, "straight", "trainer.amp_report=true")
+    straight, _ = _train(tmp_path, synthetic_root, "straight", "trainer.amp_report=true",
+                         "hardware.compile_cache=false")
     assert "loading the train step from the compile cache" in resumed_log
     assert len(straight) == 2 and resumed[-1] == straight[-1]
 
@@ -99,21 +102,56 @@ def test_the_key_follows_what_shapes_the_graphs_and_ignores_host_only_keys(compo
         assert compile_cache.cache_key(resolve(compose(graph))) != key, graph
 
 
-def test_off_by_default_and_leaves_mindspores_cache_alone(compose, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_by_default_and_when_off_leaves_mindspores_cache_alone(compose, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
     monkeypatch.setattr(compile_cache, "_session", None)
-    assert compile_cache.enable(resolve(compose())) is None
+    assert resolve(compose()).hardware.compile_cache
+    assert compile_cache.enable(resolve(compose("hardware.compile_cache=false"))) is None
     assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
+    with pytest.raises(ConfigError, match="compile_cache_max_gb=0.0 must be > 0"):
+        resolve(compose("hardware.compile_cache_max_gb=0"))
 
 
-def test_a_process_without_an_entry_script_is_told_what_to_run(compose, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_process_without_an_entry_script_compiles_without_the_cache_and_says_why(
+        compose, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # `python -c` leaves argv[0] "-c", which MindSpore's cache would open as a file when the first graph compiles
     monkeypatch.setattr(ms.graph.api, "entry_script_path", str(tmp_path / "-c"))
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
-    with pytest.raises(ConfigError, match="python run.py"):
-        compile_cache.enable(resolve(compose("hardware.compile_cache=true", f"hardware.compile_cache_dir={tmp_path}")))
-    assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
+    monkeypatch.setattr(compile_cache, "_session", None)
+    with caplog.at_level(logging.WARNING, logger="swinexp"):
+        assert compile_cache.enable(resolve(compose(f"hardware.compile_cache_dir={tmp_path}"))) is None
+    assert "python run.py" in caplog.text and "hardware.compile_cache=false" in caplog.text
+    assert "MS_COMPILER_CACHE_ENABLE" not in os.environ and compile_cache._session is None
+
+
+def _config_dir(root: Path, name: str, size: int, age_s: float) -> Path:
+    folder = root / name
+    (folder / "rank_0").mkdir(parents=True)
+    (folder / "rank_0" / "compile_cache_0.mindir").write_bytes(b"x" * size)
+    stamp = time.time() - age_s
+    os.utime(folder, (stamp, stamp))
+    return folder
+
+
+def test_the_cache_stays_under_its_size_dropping_what_was_used_longest_ago(tmp_path: Path) -> None:
+    oldest, old, recent = (_config_dir(tmp_path, name, 400, age) for name, age in
+                           (("aaaa", 3000), ("bbbb", 2000), ("cccc", 1000)))
+    new = _config_dir(tmp_path, "dddd", 400, 5000)  # just published (its files may carry an old mtime)
+    compile_cache._trim(tmp_path, max_bytes=1000, keep=new)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [recent.name, new.name]
+    assert not oldest.exists() and not old.exists()
+
+
+def test_copies_of_killed_processes_go_after_a_day_and_running_ones_stay(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    day = 86400 + 60
+    abandoned = _config_dir(tmp_path, f".aaaa-{dead.pid}-x1", 10, day)
+    running = _config_dir(tmp_path, f".aaaa-{os.getpid()}-x2", 10, day)
+    fresh = _config_dir(tmp_path, f".aaaa-{dead.pid}-x3", 10, 60)
+    compile_cache._remove_abandoned(tmp_path)
+    assert not abandoned.exists() and running.exists() and fresh.exists()
 
 
 def test_a_job_publishes_its_graphs_once_and_never_over_another_jobs(tmp_path: Path) -> None:

@@ -60,7 +60,10 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
     if fail_rank is not None and int(fail_rank) == launch.rank():
         raise RuntimeError(f"debug.fail_rank={fail_rank}: this worker fails on purpose (to test failure handling)")
     compile_cache.enable(plan)
-    return train(plan, job)
+    try:
+        return train(plan, job)
+    finally:
+        compile_cache.end_job()
 
 
 def _launch_workers(plan: Plan, job: JobInfo) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""MindSpore's compile cache, made safe to share between the jobs of a sweep (`hardware.compile_cache=true`).
+"""MindSpore's compile cache, made safe to share between runs and the jobs of a sweep (`hardware.compile_cache`, on
+by default).
 
 MindSpore (`MS_COMPILER_CACHE_ENABLE`) keys its cache by the hash of the entry script's source files only and
 matches graphs by the order in which a process compiles them: a job whose constants differ (clip value, shapes,
@@ -26,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,9 +36,8 @@ from pathlib import Path
 import mindspore as ms
 
 from swinexp.config import Plan, thaw
-from swinexp.registry import ConfigError
 
-__all__ = ["HOST_ONLY", "MANIFEST", "cache_key", "compiling", "default_root", "enable", "first_call"]
+__all__ = ["HOST_ONLY", "MANIFEST", "cache_key", "compiling", "default_root", "enable", "end_job", "first_call"]
 
 log = logging.getLogger("swinexp")
 
@@ -47,7 +48,7 @@ HOST_ONLY = ("seed", "tracking", "debug", "dry_run", "inspect", "optimized_metri
              "trainer.stop_after_epoch", "trainer.progress_bar", "trainer.resume", "trainer.resume_force",
              "trainer.checkpoint", "trainer.max_nonfinite", "trainer.profile", "trainer.label_smoothing",
              "hardware.master_addr", "hardware.master_port", "hardware.node_rank", "hardware.log_dir",
-             "hardware.compile_cache", "hardware.compile_cache_dir")
+             "hardware.compile_cache", "hardware.compile_cache_dir", "hardware.compile_cache_max_gb")
 
 
 def default_root() -> Path:
@@ -97,7 +98,8 @@ class _Session:
     private: Path
     held: list[str] | None  # the graphs the shared cache holds, in order; None: there was none to load
     cached: list[str] = field(default_factory=list)  # the graphs this process compiled or loaded with the cache
-    active: bool = True   # False once a later job of this process (hydra/launcher=basic) started
+    max_bytes: int = 2 * 2**30  # hardware.compile_cache_max_gb
+    active: bool = True   # False once this process's first job ended
     broken: bool = False  # a graph came where the cache holds another: the rest compiles without the cache
 
     def loads(self, graph: str) -> bool:
@@ -162,21 +164,24 @@ def enable(plan: Plan) -> Path | None:
         return None
     entry = ms.graph.api.entry_script_path  # sys.argv[0] when MindSpore was imported
     if entry is None or not os.path.isfile(entry):
-        raise ConfigError(f"hardware.compile_cache=true needs the entry script as a file (MindSpore reads it for "
-                          f"its cache), but this process started from {entry or 'no script'} (python -c or an "
-                          "interactive shell): run `python run.py ...` or `swinexp ...`, or set "
-                          "hardware.compile_cache=false")
+        log.warning("hardware.compile_cache: off, because this process started from %s (python -c or an "
+                    "interactive shell) and MindSpore's cache reads the entry script as a file; run `python run.py "
+                    "...` or `swinexp ...` to reuse compiled graphs, or set hardware.compile_cache=false",
+                    entry or "no script")
+        return None
     root = Path(hw.compile_cache_dir or default_root()).expanduser()
     root.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(root)
     shared = root / cache_key(plan)
-    private = Path(tempfile.mkdtemp(prefix=f".{shared.name}-", dir=root))
+    private = Path(tempfile.mkdtemp(prefix=f".{shared.name}-{os.getpid()}-", dir=root))
     held = None
     if (shared / MANIFEST).is_file():
         shutil.copytree(shared, private, dirs_exist_ok=True)
         held = json.loads((shared / MANIFEST).read_text())
+        os.utime(shared)  # used now: the last to go when the cache is over its size
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"  # on only inside first_call
     os.environ["MS_COMPILER_CACHE_PATH"] = str(private)
-    _session = _Session(shared, private, held)
+    _session = _Session(shared, private, held, max_bytes=int(hw.compile_cache_max_gb * 2**30))
     atexit.register(_publish, _session)
     log.info("hardware.compile_cache: %s compiled graphs of this configuration in %s",
              "loading the" if held is not None else "no", shared)
@@ -191,7 +196,54 @@ def _publish(session: _Session) -> None:
         if session.cached and not session.broken and not shared.exists() and any(private.rglob("*.mindir")):
             (private / MANIFEST).write_text(json.dumps(session.cached))
             os.rename(private, shared)
+            _trim(shared.parent, session.max_bytes, keep=shared)
             return
     except OSError:  # another job published first
         pass
     shutil.rmtree(private, ignore_errors=True)
+
+
+def end_job() -> None:
+    """The job that enabled the cache is over: nothing else this process compiles goes through it."""
+    if _session is not None:
+        _session.active = False
+
+
+def _trim(root: Path, max_bytes: int, keep: Path) -> None:
+    """Remove the configurations used longest ago until the cache holds at most `max_bytes` (never `keep`)."""
+    entries = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    sizes = {d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) for d in entries}
+    total = sum(sizes.values())
+    for old in sorted(entries, key=lambda d: d.stat().st_mtime):
+        if total <= max_bytes:
+            return
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
+            total -= sizes[old]
+            log.info("hardware.compile_cache: removed %s (used longest ago) to stay under %.1f GB", old,
+                     max_bytes / 2**30)
+
+
+def _remove_abandoned(root: Path, older_than_s: float = 86400.0) -> None:
+    """Private copies left by killed processes (no exit handler ran): removed once a day old and their process
+    (`.<key>-<pid>-...`) is not running here."""
+    now = time.time()
+    for private in root.glob(".*-*-*"):
+        try:
+            if private.is_dir() and now - private.stat().st_mtime > older_than_s and not _running(private):
+                shutil.rmtree(private, ignore_errors=True)
+        except OSError:  # another process removed it first
+            pass
+
+
+def _running(private: Path) -> bool:
+    pid = private.name.split("-")[1]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

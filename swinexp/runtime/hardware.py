@@ -50,6 +50,9 @@ def validate(hw: HardwareCfg) -> None:
     if hw.memory_optimize_level not in (None, *MEMORY_LEVELS):
         raise ConfigError(f"hardware.memory_optimize_level='{hw.memory_optimize_level}' is not valid; choose one of: "
                           f"{', '.join(MEMORY_LEVELS)} (or null for MindSpore's default)")
+    if hw.compile_cache_max_gb <= 0:
+        raise ConfigError(f"hardware.compile_cache_max_gb={hw.compile_cache_max_gb} must be > 0; to do without the "
+                          "compile cache, set hardware.compile_cache=false")
 
 
 def check_backend(hw: HardwareCfg) -> None:
