@@ -67,7 +67,7 @@ class EpochCost:
     images: int
     batches: int
     steady_cpu_ms: float  # main-process CPU per batch from the first batch to the last
-    start_stop_cpu_ms: float  # the rest of the epoch's main-process CPU: starting and stopping the workers
+    start_stop_cpu_ms: float  # main-process CPU up to the first batch (starting the workers) and after the last
     pixel_bytes: float  # per image, of the first batch
     all_bytes: float
 
@@ -87,7 +87,7 @@ def _loader_epoch(loader: Loader, epoch: int, train: bool) -> EpochCost:
         marks.append(_cpu_s())
     seconds, total = time.perf_counter() - start, _cpu_s() - cpu
     steady = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
-    start_stop = total - (marks[-1] - marks[0]) - (steady if len(marks) > 1 else 0.0)
+    start_stop = total - (marks[-1] - marks[0])
     return EpochCost(seconds, images, len(marks), steady * 1e3, start_stop * 1e3, *sizes)
 
 
@@ -193,8 +193,8 @@ def run(opts: Options) -> BenchResult:
              *([f"swinexp / timm time per image (< 1: swinexp is faster): {', '.join(ratios)}."] if ratios else []),
              "main CPU ms/batch: this process from the first batch of an epoch to its last (iterator, Mixup draws "
              "and targets), per batch; with 1 worker the worker runs as a thread here and its decoding is counted "
-             "too. start+stop CPU ms/epoch: the rest of the epoch's main-process CPU (each epoch starts its worker "
-             "processes anew and stops them).",
+             "too. start+stop CPU ms/epoch: the main process's CPU up to the first batch and after the last (each "
+             "epoch starts its worker processes anew and stops them).",
              *notes]
     title = (f"Loader feed, output {img_size} px, batch {batch}, workers 1..{workers}; {describe()}")
     return BenchResult("loader", Table(title, COLUMNS, tuple(rows), tuple(notes)), metrics)
