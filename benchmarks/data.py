@@ -2,11 +2,11 @@
 
 Input: the first `--images` CIFAR-10 train JPEGs from ../shared (drawn shapes when that tar is absent), resized to
 `--source-size` (default: `--img-size` square; 500x375 is an ImageNet-sized photo) and re-encoded as JPEG
-(quality 90) into a temporary ImageFolder of 10 class folders. Each timed iteration is one full epoch of one
-pipeline; pipelines take turns (round-robin) and the first epoch of each is untimed, so worker start-up is not
-counted. The in-process rows decode and transform in a plain Python loop without
-MindSpore: the single-core ceiling. With the `reference` extra installed, timm's ImageDataset and transforms run the
-same loop over the same files (`timm_data`), taking turns with swinexp's, and a note gives the per-image ratios.
+(quality 90) into a temporary ImageFolder of 10 class folders. The in-process rows decode and transform one image
+at a time without MindSpore, the single-core ceiling, timed by `benchmarks.per_image.alternate` as in `loader`:
+with the `reference` extra installed, timm's ImageDataset and transforms work on the same files, taking turns with
+swinexp's image by image, and a note gives the ratio of the times per image. The Loader rows time full epochs;
+pipelines take turns (round-robin) and the first epoch of each is untimed, so worker start-up is not counted.
 """
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ from PIL import Image
 from benchmarks.harness import IMPORT_ROOT
 from benchmarks.host import describe
 from benchmarks.options import Options
+from benchmarks.per_image import alternate, median_ms, swinexp_work, time_ratio
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import progress, round_robin
 from benchmarks.timm_peer import reference_installed
 from swinexp.data.augment import swin
 from swinexp.data.datasets import DataSpec, imagefolder
-from swinexp.data.decode import load_rgb
 from swinexp.data.pipeline import Loader
 from swinexp.data.synthetic import SHAPES, draw_image
-from swinexp.data.transforms import EvalTransform, Transform
+from swinexp.data.transforms import EvalTransform
 from swinexp.registry import ConfigError
 
 __all__ = ["CIFAR_TRAIN", "NO_TIMM_MESSAGE", "run", "source_images"]
@@ -75,17 +75,6 @@ def write_folder(root: Path, count: int, size: tuple[int, int]) -> None:
             img.save(folder / f"{i:05d}.jpg", quality=90)
 
 
-def _in_process(samples: tuple, transform: Transform) -> Callable[[], None]:
-    epoch = itertools.count()
-
-    def call() -> None:
-        e = next(epoch)
-        for i, (path, _) in enumerate(samples):
-            transform(load_rgb(path), np.random.default_rng([0, e, i]))
-
-    return call
-
-
 def _pipeline(loader: Loader) -> Callable[[], None]:
     epoch = itertools.count()
 
@@ -99,24 +88,13 @@ def _pipeline(loader: Loader) -> Callable[[], None]:
 Candidate = tuple[Callable[[], Callable[[], None]], int, tuple[str, ...]]
 
 
-def candidates(spec: DataSpec, root: Path, max_workers: int, with_timm: bool) -> dict[str, Candidate]:
-    """Name -> (builder of one epoch's call, images per epoch, the row's first cells)."""
+def candidates(spec: DataSpec, max_workers: int) -> dict[str, Candidate]:
+    """The Loader rows: name -> (builder of one epoch's call, images per epoch, the row's first cells)."""
     augment = swin(spec.img_size, num_classes=spec.num_classes, label_smoothing=0.1)
     evaluation = EvalTransform(spec.img_size, spec.crop_pct, "bicubic")
-    n, batch = len(spec.train), spec.batch_size
-    train_images = n // batch * batch  # the train loader drops the last incomplete batch
-    loop = ("in-process loop (no MindSpore)", "-", "-")
-    rows = {"train/in_process": (lambda: _in_process(spec.train, augment), n, (PIPELINES["train"], *loop)),
-            "eval/in_process": (lambda: _in_process(spec.val, evaluation), n, (PIPELINES["eval"], *loop))}
-    if with_timm:
-        from benchmarks import timm_data
-
-        timm_loop = (f"in-process loop, {timm_data.timm_version()}", "-", "-")
-        for kind, split in (("train", "train"), ("eval", "val")):
-            def build(k: str = kind, folder: Path = root / split) -> Callable[[], None]:
-                return timm_data.in_process_epoch(folder, timm_data.timm_transform(k, spec.img_size, spec.crop_pct))
-
-            rows[f"{kind}/timm_in_process"] = (build, n, (PIPELINES[kind], *timm_loop))
+    batch = spec.batch_size
+    train_images = len(spec.train) // batch * batch  # the train loader drops the last incomplete batch
+    rows = {}
     for workers in range(1, max_workers + 1):
         for processes in ((False,) if workers == 1 else (True, False)):
             kind = "processes" if processes else "threads"
@@ -133,11 +111,30 @@ def candidates(spec: DataSpec, root: Path, max_workers: int, with_timm: bool) ->
     return rows
 
 
-def timm_ratios(metrics: dict[str, float]) -> dict[str, float]:
-    """data/<kind>/swinexp_over_timm: swinexp's in-process images/s over timm's (> 1: swinexp is faster)."""
-    return {f"data/{kind}/swinexp_over_timm": metrics[f"data/{kind}/in_process/images_per_s"] /
-            metrics[f"data/{kind}/timm_in_process/images_per_s"]
-            for kind in PIPELINES if f"data/{kind}/timm_in_process/images_per_s" in metrics}
+def per_image_rows(spec: DataSpec, root: Path, with_timm: bool,
+                   passes: int) -> tuple[dict[str, tuple[tuple[float, ...], tuple[str, ...]]], dict[str, float]]:
+    """The in-process rows, swinexp's per-image transform and timm's taking turns image by image on the same files
+    (`benchmarks.per_image.alternate`, as in `loader`): (name -> (ms per image of each pass, the row's first cells),
+    data/<kind>/swinexp_time_over_timm)."""
+    transforms = {"train": swin(spec.img_size, num_classes=spec.num_classes, label_smoothing=0.1).transform,
+                  "eval": EvalTransform(spec.img_size, spec.crop_pct, "bicubic")}
+    rows, ratios = {}, {}
+    for kind, samples, split in (("train", spec.train, "train"), ("eval", spec.val, "val")):
+        works = {"swinexp": swinexp_work(samples, transforms[kind])}
+        if with_timm:
+            from benchmarks import timm_data
+
+            works["timm"] = timm_data.per_image_work(root / split, timm_data.timm_transform(
+                kind, spec.img_size, spec.crop_pct), [path for path, _ in samples])
+        progress(f"data: {PIPELINES[kind]}, one image at a time")
+        timings = alternate(works, len(samples), passes)
+        rows[f"{kind}/in_process"] = (timings["swinexp"],
+                                      (PIPELINES[kind], "in-process loop (no MindSpore)", "-", "-"))
+        if with_timm:
+            rows[f"{kind}/timm_in_process"] = (timings["timm"], (PIPELINES[kind], "in-process loop, "
+                                                                 f"{timm_data.timm_version()}", "-", "-"))
+            ratios[f"data/{kind}/swinexp_time_over_timm"] = time_ratio(timings)
+    return rows, ratios
 
 
 def run(opts: Options) -> BenchResult:
@@ -153,29 +150,36 @@ def run(opts: Options) -> BenchResult:
         with_timm = reference_installed()
         if not with_timm:
             progress(NO_TIMM_MESSAGE)
-        rows = candidates(spec, Path(tmp), opts.workers, with_timm)
+        per_image, ratios = per_image_rows(spec, Path(tmp), with_timm, opts.iters)
+        rows = candidates(spec, opts.workers)
         # the first (untimed) epoch of each row is its warm-up: an epoch is long enough to need no more
         timings = round_robin({name: build for name, (build, _, _) in rows.items()}, 0, opts.iters)
     table_rows, metrics = [], {}
+    for name, (per_pass, cells) in per_image.items():
+        rates = sorted(1e3 / ms for ms in per_pass)
+        table_rows.append((*cells, f"{1e3 / median_ms(per_pass):.0f}", f"{rates[0]:.0f}", f"{rates[-1]:.0f}"))
+        metrics[f"data/{name}/images_per_s"] = 1e3 / median_ms(per_pass)
     for name, timing in timings.items():
         _, images, cells = rows[name]
         rates = sorted(images / s for s in timing.samples.seconds)
         rate = float(np.median(rates))
         table_rows.append((*cells, f"{rate:.0f}", f"{rates[0]:.0f}", f"{rates[-1]:.0f}"))
         metrics[f"data/{name}/images_per_s"] = rate
-    ratios = timm_ratios(metrics)
     metrics.update(ratios)
     source = "CIFAR-10 train JPEGs upscaled" if CIFAR_TRAIN.is_file() else "drawn-shape JPEGs"
     title = (f"Input pipeline, {opts.images} {source} to {source_size[0]} x {source_size[1]} px (JPEG q90), "
              f"output {img_size} px; "
-             f"{opts.iters} timed epochs per row after one untimed, round-robin; {describe()}")
+             f"in-process rows: {opts.iters} timed passes after one untimed, one image at a time, taking turns image "
+             f"by image; Loader rows: {opts.iters} timed epochs after one untimed, round-robin; {describe()}")
     notes = ["swin train: RandomResizedCrop bicubic + flip, RandAugment rand-m9-mstd0.5-inc1, normalize, "
              "RandomErasing 0.25, Mixup 0.8 / CutMix 1.0 with label smoothing 0.1 (Loader rows; the in-process "
              "loops stop at the per-image transform). eval: resize the short side to "
              f"{img_size}/0.875 (bicubic), center crop {img_size}, normalize."]
     if ratios:
         per_kind = ", ".join(f"{PIPELINES[key.split('/')[1]]} {value:.2f}" for key, value in ratios.items())
-        notes.append(f"swinexp / timm images/s, in-process loops (medians): {per_kind}; > 1 means swinexp is faster.")
-    notes.append(f"Mean 1-minute load average during the timed epochs: {next(iter(timings.values())).load:.1f}.")
+        notes.append(f"swinexp / timm time per image, in-process loops (medians, decode included, the same files): "
+                     f"{per_kind}; < 1 means swinexp is faster.")
+    notes.append(f"Mean 1-minute load average during the timed Loader epochs: "
+                 f"{next(iter(timings.values())).load:.1f}.")
     columns = ("pipeline", "how", "workers", "worker kind", "median (images/s)", "min (images/s)", "max (images/s)")
     return BenchResult("data", Table(title, columns, tuple(table_rows), tuple(notes)), metrics)

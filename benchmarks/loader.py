@@ -2,16 +2,21 @@
 
 On a real JPEG folder (CIFAR-10 from ../shared/datasets/cifar10, `--images` per split; skipped when the tars are
 absent) and on the generated default dataset (data=synthetic's drawn shapes), for the swin train transform and the
-eval transform, each as data.pipeline=exact (timm's pixels) and =native (MindSpore's vision ops), to `--img-size` px:
+eval transform, each as data.pipeline=exact (timm's pixels) and =native (MindSpore's vision ops), to
+`--img-size` px:
 
-- worker ms per image: what one loader worker does per image (decode, transform to uint8, erase draws), in a plain
-  loop on one core, beside timm's ImageDataset + create_transform on the same files (the `reference` extra);
-- for workers = 1..`--workers`: images/s through the Loader (workers -> MindSpore's batch op -> the main process),
-  main-process CPU ms per batch (getrusage of this process: MindSpore's batch and iterator threads, the Mixup
-  draws and targets; with 1 worker the worker is a thread of this process and is counted too), and the bytes per
-  image that cross from the workers (uint8 pixels, and all columns: label, index, flags, erase draws);
+- per image, one image at a time with decode (`benchmarks.per_image.alternate`, the timing `data` uses too): what
+  one loader worker does (decode, transform to uint8, erase draws), swinexp's whole per-image transform (float,
+  normalized, erased: timm's pixels), data.pipeline=native's MindSpore vision ops run eagerly and, with the
+  `reference` extra, timm's ImageDataset + create_transform on the same files, taking turns image by image;
+- for workers = 1..`--workers`: images/s through the Loader (workers stack whole batches -> the main process),
+  main-process CPU per batch in the steady state (getrusage of this process from the first batch to the last:
+  MindSpore's iterator threads, the Mixup draws and targets; with 1 worker the worker is a thread of this process
+  and is counted too), the CPU of starting and stopping the epoch's workers, and the bytes per image that cross
+  from the workers (uint8 pixels, and all columns: label, index, flags, erase draws);
 - cores per card: what sustaining `--batch` images every `--step-ms` ms takes, from the single-core worker cost
-  and the main-process cost per image (the host's cores, not this machine's, are the limit being projected).
+  and the main-process steady-state cost per image (the host's cores, not this machine's, are the limit being
+  projected).
 
 The device prologue (uint8 -> normalized, erased, mixed float32) runs on the card in training; here, on the CPU,
 its time per batch is given in a note, outside the host figures.
@@ -22,31 +27,34 @@ import os
 import resource
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from benchmarks.data import CIFAR_TRAIN
 from benchmarks.host import describe
 from benchmarks.options import Options
+from benchmarks.per_image import ImageWork, alternate, median_ms, swinexp_work, time_ratio
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import progress
 from benchmarks.timm_peer import reference_installed
 from swinexp.data.augment import swin
 from swinexp.data.cifar10 import extract
 from swinexp.data.datasets import DataSpec, cifar10_folder, synthetic
-from swinexp.data.decode import load_rgb
 from swinexp.data.native import native_of
 from swinexp.data.pipeline import Loader
-from swinexp.data.transforms import EvalTransform
+from swinexp.data.transforms import EvalTransform, PixelTransform
 
 __all__ = ["COLUMNS", "run"]
 
 CIFAR_DIR = CIFAR_TRAIN.parent
 CARDS = 8
-COLUMNS = ("dataset", "pipeline", "per-image ops", "workers", "images/s", "worker ms/image", "timm ms/image",
-           "main CPU ms/batch", "pixel bytes/image", "bytes/image", "cores/card")
+COLUMNS = ("dataset", "pipeline", "per-image ops", "workers", "images/s", "worker ms/image", "swinexp ms/image",
+           "timm ms/image",
+           "main CPU ms/batch", "main CPU ms/image", "start+stop CPU ms/epoch", "pixel bytes/image", "bytes/image",
+           "cores/card")
 
 
 def _cpu_s() -> float:
@@ -54,60 +62,36 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _per_image_ms(samples: tuple, work: Callable[[object, np.random.Generator], object]) -> float:
-    """The faster of 2 passes of one worker's ms per image, after one untimed pass."""
-    def one_pass(e: int) -> float:
-        start = time.perf_counter()
-        for i, (path, _) in enumerate(samples):
-            work(load_rgb(path), np.random.default_rng([0, e, i]))
-        return (time.perf_counter() - start) * 1e3 / len(samples)
+@dataclass(frozen=True)
+class EpochCost:
+    """One epoch of raw batches through a Loader, with the main process's host share."""
 
-    one_pass(0)
-    return min(one_pass(e) for e in (1, 2))
-
-
-def _native_per_image_ms(samples: tuple, operations: tuple) -> float:
-    """The faster of 2 passes of the native operations (eager, one core) per image, after one untimed pass."""
-    def one_pass() -> float:
-        start = time.perf_counter()
-        for path, _ in samples:
-            x = np.fromfile(path, np.uint8)
-            for op in operations:
-                x = op(x)
-        return (time.perf_counter() - start) * 1e3 / len(samples)
-
-    one_pass()
-    return min(one_pass() for _ in range(2))
+    seconds: float
+    images: int
+    batches: int
+    steady_cpu_ms: float  # main-process CPU per batch from the first batch to the last
+    start_stop_cpu_ms: float  # main-process CPU up to the first batch (starting the workers) and after the last
+    pixel_bytes: float  # per image, of the first batch
+    all_bytes: float
 
 
-def _timm_ms(folder: Path, kind: str, img_size: int, crop_pct: float, count: int) -> float:
-    from benchmarks import timm_data
-
-    epoch = timm_data.in_process_epoch(folder, timm_data.timm_transform(kind, img_size, crop_pct))
-    epoch()
-    times = []
-    for _ in range(2):
-        start = time.perf_counter()
-        epoch()
-        times.append((time.perf_counter() - start) * 1e3 / count)
-    return min(times)
-
-
-def _loader_epoch(loader: Loader, epoch: int, train: bool) -> tuple[float, float, int, int, tuple[float, float]]:
-    """One epoch of raw batches with the main process's host share: (seconds, main CPU s, images, batches,
-    (pixel bytes, all bytes) per image of the first batch)."""
+def _loader_epoch(loader: Loader, epoch: int, train: bool) -> EpochCost:
     cpu, start = _cpu_s(), time.perf_counter()
-    images = batches = 0
-    sizes = (0, 0)
+    marks = []
+    images = 0
+    sizes = (0.0, 0.0)
     for row in loader.raw_epoch(epoch):
         if train:
             loader.host_part(row)
-        if not batches:
+        if not marks:
             count = int(row[0].shape[0])
             sizes = (row[0].nbytes / count, sum(t.nbytes for t in row) / count)
         images += int(row[0].shape[0])
-        batches += 1
-    return time.perf_counter() - start, _cpu_s() - cpu, images, batches, sizes
+        marks.append(_cpu_s())
+    seconds, total = time.perf_counter() - start, _cpu_s() - cpu
+    steady = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
+    start_stop = total - (marks[-1] - marks[0])
+    return EpochCost(seconds, images, len(marks), steady * 1e3, start_stop * 1e3, *sizes)
 
 
 def _prologue_ms(loader: Loader, train: bool) -> float:
@@ -135,71 +119,106 @@ def _datasets(tmp: Path, opts: Options, img_size: int, batch: int) -> tuple[dict
     return sets, notes
 
 
+def _native_work(samples: tuple, operations: tuple) -> ImageWork:
+    """data.pipeline=native's operations on sample i, eagerly: what one of its map threads does per image."""
+    def work(i: int) -> object:
+        x = np.fromfile(samples[i][0], np.uint8)
+        for op in operations:
+            x = op(x)
+        return x
+
+    return work
+
+
+def per_image_works(samples: tuple, folder: Path, kind: str, transform: PixelTransform, img_size: int,
+                    crop_pct: float, with_timm: bool) -> dict[str, ImageWork]:
+    """The per-image works `loader` times side by side: 'worker' (what a loader worker does: decode, uint8 pixels,
+    the erase draws), 'swinexp' (decode and the whole per-image transform: timm's pixels), 'native'
+    (data.pipeline=native's operations) and, with the reference extra, 'timm' (ImageDataset + create_transform)."""
+    def worker(img: Image.Image, rng: np.random.Generator) -> object:
+        pixels = transform.pixels(img, rng)
+        return transform.erasing.draw((3, *pixels.shape[:2]), rng) if kind == "train" else pixels
+
+    works = {"worker": swinexp_work(samples, worker), "swinexp": swinexp_work(samples, transform),
+             "native": _native_work(samples, native_of(transform).operations)}
+    if with_timm:
+        from benchmarks import timm_data
+
+        works["timm"] = timm_data.per_image_work(folder, timm_data.timm_transform(kind, img_size, crop_pct),
+                                                 [path for path, _ in samples])
+    return works
+
+
 def run(opts: Options) -> BenchResult:
     """The `loader` sub-benchmark."""
     img_size, batch, step_ms = opts.img_size or 224, opts.batch or 64, opts.step_ms
     workers = min(opts.workers, len(os.sched_getaffinity(0)))
     need_per_s = batch * 1e3 / step_ms  # images/s one card consumes
     with_timm = reference_installed()
-    rows, metrics, notes = [], {}, []
+    rows, metrics, notes, ratios = [], {}, [], []
     with tempfile.TemporaryDirectory() as tmp:
         sets, notes = _datasets(Path(tmp), opts, img_size, batch)
         for name, (spec, root) in sets.items():
             augment = swin(img_size, num_classes=spec.num_classes, label_smoothing=0.1)
             evaluation = EvalTransform(img_size, spec.crop_pct, "bicubic")
-
-            def train_work(img, rng, t=augment.transform):
-                pixels = t.pixels(img, rng)
-                return t.erasing.draw((3, *pixels.shape[:2]), rng)
-
-            kinds = {"train": (spec.train, train_work, "train"),
-                     "eval": (spec.val, lambda img, rng, t=evaluation: t.pixels(img), "val")}
-            for kind, (samples, work, split) in kinds.items():
+            for kind, samples, split, transform in (("train", spec.train, "train", augment.transform),
+                                                    ("eval", spec.val, "val", evaluation)):
                 progress(f"loader: {name}, {kind}")
                 folder = root / split if (root / split).is_dir() else root / ("test" if split == "val" else split)
-                timm_ms = _timm_ms(folder, kind, img_size, spec.crop_pct, len(samples)) if with_timm else float("nan")
-                exact = augment.transform if kind == "train" else evaluation
-                for pipeline, transform in (("exact", exact), ("native", native_of(exact))):
+                works = per_image_works(samples, folder, kind, transform, img_size, spec.crop_pct, with_timm)
+                timings = alternate(works, len(samples))
+                ms = {work: median_ms(per_pass) for work, per_pass in timings.items()}
+                key = f"loader/{'cifar10' if name.startswith('CIFAR') else 'synthetic'}/{kind}"
+                metrics.update({f"{key}/{work}_ms_per_image": value for work, value in ms.items()})
+                if with_timm:
+                    metrics[f"{key}/swinexp_time_over_timm"] = time_ratio(timings)
+                    ratios.append(f"{name} {kind} {metrics[f'{key}/swinexp_time_over_timm']:.2f}")
+                prologue = None
+                for pipeline, ops in (("exact", transform), ("native", native_of(transform))):
                     native = pipeline == "native"
-                    worker_ms = (_native_per_image_ms(samples, transform.operations) if native
-                                 else _per_image_ms(samples, work))
-                    prologue = None
+                    worker_ms = ms["native" if native else "worker"]
                     for w in range(1, workers + 1):
-                        loader = (Loader(spec.train, transform, batch, w, 0, augment.targets) if kind == "train"
-                                  else Loader(spec.val, transform, batch, w, 0))
+                        loader = (Loader(spec.train, ops, batch, w, 0, augment.targets) if kind == "train"
+                                  else Loader(spec.val, ops, batch, w, 0))
                         _loader_epoch(loader, 0, kind == "train")  # worker start-up
-                        seconds, cpu_s, images, batches, (pixel_bytes, all_bytes) = _loader_epoch(
-                            loader, 1, kind == "train")
-                        if prologue is None and not native:
+                        cost = _loader_epoch(loader, 1, kind == "train")
+                        if prologue is None:
                             prologue = _prologue_ms(loader, kind == "train")
-                        main_ms_per_batch = cpu_s * 1e3 / batches
-                        main_ms_per_image = main_ms_per_batch / (images / batches)
-                        # native: the C++ map threads decode inside this process, so its CPU time is all of it
+                        main_ms_per_image = cost.steady_cpu_ms / (cost.images / cost.batches)
+                        # native: its C++ map threads decode inside this process, so its CPU time is all of it
                         cores = need_per_s * (main_ms_per_image if native else worker_ms + main_ms_per_image) / 1e3
-                        key = f"loader/{'cifar10' if name.startswith('CIFAR') else 'synthetic'}/{kind}/{pipeline}/{w}"
-                        metrics.update({f"{key}/images_per_s": images / seconds, f"{key}/worker_ms": worker_ms,
-                                        f"{key}/main_cpu_ms_per_batch": main_ms_per_batch,
-                                        f"{key}/pixel_bytes_per_image": pixel_bytes,
-                                        f"{key}/bytes_per_image": all_bytes, f"{key}/cores_per_card": cores})
-                        rows.append((name, kind, pipeline, str(w), f"{images / seconds:.0f}", f"{worker_ms:.2f}",
-                                     "-" if np.isnan(timm_ms) else f"{timm_ms:.2f}",
-                                     f"{main_ms_per_batch:.2f}", f"{pixel_bytes:.0f}", f"{all_bytes:.0f}",
-                                     f"{cores:.2f}"))
-                    if prologue is not None:
-                        notes.append(f"{name}, {kind}: device prologue {prologue:.1f} ms per batch of {batch} on "
-                                     "this CPU (on a card it runs on the device; the same for both pipelines).")
-    train_cores = {f"{r[0]}, {r[2]}": float(r[10]) for r in rows if r[1] == "train" and r[3] == str(workers)}
+                        at = f"{key}/{pipeline}/{w}"
+                        metrics.update({f"{at}/images_per_s": cost.images / cost.seconds,
+                                        f"{at}/main_cpu_ms_per_batch": cost.steady_cpu_ms,
+                                        f"{at}/main_cpu_ms_per_image": main_ms_per_image,
+                                        f"{at}/start_stop_cpu_ms": cost.start_stop_cpu_ms,
+                                        f"{at}/pixel_bytes_per_image": cost.pixel_bytes,
+                                        f"{at}/bytes_per_image": cost.all_bytes,
+                                        f"{at}/cores_per_card": cores})
+                        rows.append((name, kind, pipeline, str(w), f"{cost.images / cost.seconds:.0f}",
+                                     f"{worker_ms:.2f}", "-" if native else f"{ms['swinexp']:.2f}",
+                                     f"{ms['timm']:.2f}" if with_timm and not native else "-",
+                                     f"{cost.steady_cpu_ms:.2f}", f"{main_ms_per_image:.3f}",
+                                     f"{cost.start_stop_cpu_ms:.0f}", f"{cost.pixel_bytes:.0f}",
+                                     f"{cost.all_bytes:.0f}", f"{cores:.2f}"))
+                notes.append(f"{name}, {kind}: device prologue {prologue:.1f} ms per batch of {batch} on this CPU "
+                             "(on a card it runs on the device; the same for both pipelines).")
+    train_cores = {f"{r[0]}, {r[2]}": float(r[-1]) for r in rows if r[1] == "train" and r[3] == str(workers)}
     projection = "; ".join(f"{name}: {CARDS} x {c:.2f} = {CARDS * c:.1f} cores" for name, c in train_cores.items())
     notes = [f"cores/card = {need_per_s:.0f} images/s (batch {batch} every {step_ms:g} ms) x (worker ms/image + main "
              f"CPU ms/image) / 1000. {CARDS}-card host, train: {projection}.",
-             "worker ms/image: one core, decode + transform to uint8 (+ the erase draws), the faster of 2 passes; "
-             "timm: ImageDataset + create_transform (float tensors, normalized, erased) on the same files.",
-             "native (data.pipeline=native): MindSpore's vision ops; worker ms/image runs them eagerly on one core, "
-             "and in the Loader they run as C++ map threads of this process, so main CPU ms/batch holds all the "
+             "Per image (one core, decode included, the median of 3 passes after an untimed one, the works taking "
+             "turns image by image on the same files, as in `data`): worker = decode + transform to uint8 (+ the "
+             "erase draws); swinexp = decode + the whole per-image transform (float, normalized, erased: timm's "
+             "pixels); timm = ImageDataset + create_transform.",
+             *([f"swinexp / timm time per image (< 1: swinexp is faster): {', '.join(ratios)}."] if ratios else []),
+             "native (data.pipeline=native): worker ms/image is its MindSpore vision ops run eagerly on one core; "
+             "in the Loader they run as C++ map threads of this process, so main CPU ms/batch holds all the "
              "decoding and cores/card is that figure alone.",
-             "main CPU ms/batch: this process over one epoch (batching, iterator, Mixup draws and targets); with 1 "
-             "worker the worker runs as a thread here and its decoding is counted too; each epoch starts its worker "
-             "processes anew, and that start-up is counted (short epochs overstate it).",
+             "main CPU ms/batch: this process from the first batch of an epoch to its last (iterator, Mixup draws "
+             "and targets), per batch; with 1 worker the worker runs as a thread here and its decoding is counted "
+             "too. start+stop CPU ms/epoch: the main process's CPU up to the first batch and after the last (each "
+             "epoch starts its worker processes anew and stops them).",
              *notes]
     title = (f"Loader feed, output {img_size} px, batch {batch}, workers 1..{workers}; {describe()}")
     return BenchResult("loader", Table(title, COLUMNS, tuple(rows), tuple(notes)), metrics)

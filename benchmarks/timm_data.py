@@ -3,16 +3,15 @@
 Each image goes through what a timm training does per sample: `timm.data.ImageDataset` reads and decodes it (PIL
 `open` + `convert('RGB')`), then `timm.data.create_transform` with the Swin recipe's arguments transforms it.
 Only PIL and small torch tensor ops run, so unlike the train step this shares the bench process and takes turns
-with swinexp's in-process loop (measured here: timm's images/s with MindSpore imported in the same process fall
-within the range of a clean process).
+with swinexp's per-image work, image by image (`benchmarks.per_image`); measured here: timm's images/s with
+MindSpore imported in the same process fall within the range of a clean process.
 """
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["SWIN_TRAIN_ARGS", "in_process_epoch", "timm_transform", "timm_version"]
+__all__ = ["SWIN_TRAIN_ARGS", "per_image_work", "timm_transform", "timm_version"]
 
 # timm's create_transform arguments of the official Swin config (data/augment=swin), per image; Mixup/CutMix is a
 # per-batch step in both libraries and not part of the per-image loop
@@ -46,24 +45,26 @@ def timm_transform(kind: str, img_size: int, crop_pct: float) -> Callable:
     return create_transform(img_size, is_training=False, interpolation="bicubic", crop_pct=crop_pct)
 
 
-def in_process_epoch(folder: Path, transform: Callable, seed: int = 0) -> Callable[[], None]:
-    """One call = every image of the ImageFolder `folder` read and transformed by timm, in this process."""
+def per_image_work(folder: Path, transform: Callable, paths: Sequence[str], seed: int = 0) -> Callable[[int], object]:
+    """Work on image i = `paths[i]` read and transformed by timm's ImageDataset over `folder` (which holds them)."""
     import random
 
     import torch
     from timm.data import ImageDataset
 
     dataset = ImageDataset(str(folder), transform=transform)
-    epoch = itertools.count()
+    position = {str(Path(name).resolve()): i for i, name in enumerate(dataset.filenames(absolute=True))}
+    index = [position[str(Path(path).resolve())] for path in paths]
+    random.seed(seed)  # timm's augmentations draw from Python's and torch's global generators
+    torch.manual_seed(seed)
+    # One thread, as in a PyTorch DataLoader worker: with its default pool, torch's ops on one image waited for
+    # threads of the 2 shared cores and timm's eval took 13 ms an image instead of 0.9.
+    torch.set_num_threads(1)
 
-    def call() -> None:
-        e = next(epoch)
-        random.seed(seed + e)  # timm's augmentations draw from Python's and torch's global generators
-        torch.manual_seed(seed + e)
-        for index in range(len(dataset)):
-            dataset[index]
+    def work(i: int) -> object:
+        return dataset[index[i]]
 
-    return call
+    return work
 
 
 def timm_version() -> str:

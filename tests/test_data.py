@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
 from pathlib import Path
 
+import mindspore.dataset as msds
 import numpy as np
 import pytest
 from PIL import Image
@@ -14,7 +16,7 @@ from swinexp.data.cifar10 import extract
 from swinexp.data.datasets import cifar10_folder, imagefolder, imagenet, synthetic
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.folder import scan_split
-from swinexp.data.pipeline import DecodeTransform, EpochSampler, build_loaders
+from swinexp.data.pipeline import COLUMNS, ERASE_COLUMNS, DecodeTransform, EpochSampler, Loader, build_loaders
 from swinexp.data.synthetic import generate
 from swinexp.data.targets import smooth_one_hot
 from swinexp.data.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, RandomResizedCropFlip, to_normalized_chw
@@ -346,3 +348,60 @@ def test_a_resumed_epoch_redraws_the_same_erasing_and_mixing(tmp_path: Path) -> 
     whole = [(x.asnumpy(), y.asnumpy()) for x, y in train.epoch(1)]
     resumed = [(x.asnumpy(), y.asnumpy()) for x, y in train.epoch(1, start_batch=2)]
     assert len(resumed) == 2 and all(np.array_equal(a[k], b[k]) for a, b in zip(whole[2:], resumed) for k in (0, 1))
+
+
+# --- whole batches made in the workers ------------------------------------------------------------------------------
+
+def _per_image_batches(loader: Loader, epoch: int) -> list[tuple[np.ndarray, ...]]:
+    """The batches of the per-image pipeline the workers replaced: one row per sample, MindSpore's batch op."""
+    sampler = copy.copy(loader.sampler)
+    sampler.epoch = epoch
+    per_image = loader._source.per_image
+    columns = COLUMNS + (ERASE_COLUMNS if per_image.erasing is not None else [])
+    dataset = msds.GeneratorDataset(per_image, columns, sampler=sampler, num_parallel_workers=1)
+    batches = dataset.batch(loader.batch_size, drop_remainder=loader.drop_remainder)
+    return [tuple(t.asnumpy() for t in row) for row in batches.create_tuple_iterator(num_epochs=1)]
+
+
+@pytest.mark.parametrize("workers,processes", [(1, False), (2, True), (2, False)])
+def test_worker_made_batches_equal_the_per_image_pipeline_for_any_worker_count(tmp_path: Path, workers: int,
+                                                                               processes: bool) -> None:
+    """Every column of every batch, bit for bit and dtype for dtype, train (erase draws, one shard of two, resumed
+    mid-epoch) and val (a short last batch)."""
+    spec = synthetic(root=str(tmp_path / "s"), num_train=21, num_val=7, num_classes=3, img_size=16, batch_size=4)
+    aug = swin(16, num_classes=3, re_prob=0.8, re_count=2)
+    train = Loader(spec.train, aug.transform, 4, workers, 5, aug.targets, processes, num_shards=2, shard_id=1)
+    val = Loader(spec.val, EvalTransform(16, spec.crop_pct), 4, workers, 5, python_multiprocessing=processes)
+    for loader, epoch, start in ((train, 0, 0), (train, 1, 0), (train, 1, 1), (val, 0, 0)):
+        expected = _per_image_batches(loader, epoch)[start:]
+        batches = [tuple(t.asnumpy() for t in row) for row in loader.raw_epoch(epoch, start)]
+        assert len(batches) == len(expected) == len(loader) - start
+        for got, want in zip(batches, expected):
+            assert len(got) == len(want) and all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, want))
+    assert [b[0].shape[0] for b in (tuple(t.asnumpy() for t in row) for row in val.raw_epoch(0))] == [4, 3]
+
+
+def test_an_unreadable_file_keeps_its_slot_in_a_worker_made_batch(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The next readable sample fills the slot (its pixels, its label, the slot's index and draws), the batch stays
+    full, the file is logged by name and counted; all files unreadable stops with what to check."""
+    root = tmp_path / "set"
+    _write_folder(root, {"train": {"a": 5, "b": 4}, "val": {"a": 2, "b": 2}})
+    for path in _write_corrupt(tmp_path / "bad"):
+        path.rename(root / "train" / "a" / path.name)
+    spec = imagefolder(str(root), num_classes=2, img_size=16, batch_size=4, num_workers=1)
+    train, _ = build_loaders(spec, light(16, num_classes=2), seed=0)
+    with caplog.at_level(logging.WARNING):
+        rows = [tuple(t.asnumpy() for t in row) for row in train.raw_epoch(0)]
+    assert [row[0].shape[0] for row in rows] == [4, 4, 4] and train.skipped_files == 3
+    assert all(name in caplog.text for name in ("truncated.jpg", "empty.jpg", "notes.jpg"))
+    source = train._source.per_image
+    for row in rows:
+        for slot in np.flatnonzero(row[3]):
+            pixels, label, index, skipped = source[int(row[2][slot])]
+            assert skipped == 1 and index == row[2][slot] and label == row[1][slot]
+            assert np.array_equal(pixels, row[0][slot])
+    unreadable = tuple((str(root / "train" / "a" / name), 0) for name in ("truncated.jpg", "empty.jpg", "notes.jpg"))
+    everything_bad = Loader(unreadable, EvalTransform(16, 1.0), 2, 1, 0)
+    with pytest.raises(RuntimeError, match="consecutive unreadable images .* check the files under data.root"):
+        list(everything_bad.raw_epoch(0))

@@ -1,5 +1,5 @@
-"""Batches from a DataSpec: decode -> transform to uint8 -> batch in MindSpore dataset workers, then the device
-prologue (normalize, erase, mix), one epoch at a time."""
+"""Batches from a DataSpec: decode -> transform to uint8 -> stack whole batches in MindSpore dataset workers, then
+the device prologue (normalize, erase, mix), one epoch at a time."""
 from __future__ import annotations
 
 import copy
@@ -11,6 +11,7 @@ import mindspore.dataset as msds
 import numpy as np
 from mindspore import Tensor
 
+from swinexp.data.batches import BatchKeys, BatchSource, batch_count
 from swinexp.data.datasets import DataSpec
 from swinexp.data.decode import DECODE_ERRORS, load_rgb
 from swinexp.data.erasing import RandomErasing
@@ -39,8 +40,10 @@ class EpochSampler:
         self.epoch = 0
         self.start = 0  # samples of the epoch's order to skip (a resumed epoch starts mid-way)
 
-    def indices(self) -> np.ndarray:
-        order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """This shard's sample indices in the order of epoch `epoch` (default: `self.epoch`)."""
+        epoch = self.epoch if epoch is None else epoch
+        order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
                  if self.shuffle else np.arange(self.num_samples))
         shard = order[self.shard_id::self.num_shards]
         # Shuffled (train) shards are cut to one length so every rank takes the same number of steps and no
@@ -110,9 +113,10 @@ class Loader:
     """One split of a dataset; `epoch(e)` iterates its batches as MindSpore tensors.
 
     A train loader (given `targets`) yields (images, soft targets (B, K)); a val loader yields (images, labels).
-    Workers decode and transform to uint8 pixels; MindSpore's batch op stacks them (no Python in the main process
-    touches a pixel); the main process draws the batch's Mixup/CutMix from its sample indices and computes the
-    targets, and the device prologue turns the uint8 batch into the normalized, erased, mixed float32 batch.
+    Workers decode and transform to uint8 pixels and stack whole batches (`swinexp.data.batches`: one message per
+    batch, nothing per image in the main process); the main process draws the batch's Mixup/CutMix from its sample
+    indices and computes the targets, and the device prologue turns the uint8 batch into the normalized, erased,
+    mixed float32 batch.
     `skipped_files` counts the unreadable files replaced so far in the current epoch (reset by `epoch`).
     """
 
@@ -129,7 +133,9 @@ class Loader:
                 f"data.batch_size={batch_size}; lower data.batch_size or add data"
             )
         erasing = getattr(transform, "erasing", None) if train else None
-        self._source = DecodeTransform(samples, transform, seed, erasing)
+        self._source = BatchSource(DecodeTransform(samples, transform, seed, erasing), self.sampler.indices,
+                                   len(samples), batch_size, len(self))
+        self.keys = BatchKeys(len(self))
         self._native = (EncodedSource(samples, transform, seed, erasing)  # data.pipeline=native
                         if isinstance(transform, NativeTransform) else None)
         self._columns = COLUMNS + (ERASE_COLUMNS if erasing is not None else [])
@@ -137,34 +143,38 @@ class Loader:
         self._multiprocessing = python_multiprocessing and num_workers > 1
         self.prologue = Prologue(transform.mean, transform.std, erasing.mode if erasing is not None else None,
                                  mixes=not isinstance(targets, SmoothedTargets), jit=jit)
-        self.dataset = self._pipeline(self.sampler)
+        self.dataset = self._pipeline()
 
-    def _pipeline(self, sampler: EpochSampler) -> msds.Dataset:
-        if self._native is not None:
+    def _pipeline(self, start_batch: int = 0) -> msds.Dataset:
+        """The epoch's pipeline from batch `start_batch` on (0: the shared one, whose samplers follow the epoch)."""
+        if self._native is not None:  # per image through MindSpore's vision ops, batched by MindSpore
+            sampler = self.sampler
+            if start_batch:
+                sampler = copy.copy(sampler)
+                sampler.start = start_batch * self.batch_size
             return native_dataset(self._native, self._columns, sampler, self._workers, self.batch_size,
                                   self.drop_remainder)
+        keys = self.keys
+        if start_batch:
+            keys = copy.copy(keys)
+            keys.start = start_batch
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dataset = msds.GeneratorDataset(self._source, self._columns, sampler=sampler,
-                                            num_parallel_workers=self._workers,
-                                            python_multiprocessing=self._multiprocessing)
-        # no per_batch_map: MindSpore's batch op stacks the uint8 arrays in C++, outside the GIL
-        return dataset.batch(self.batch_size, drop_remainder=self.drop_remainder)
+            return msds.GeneratorDataset(self._source, self._columns, sampler=keys,
+                                         num_parallel_workers=self._workers,
+                                         python_multiprocessing=self._multiprocessing)
 
     def __len__(self) -> int:
-        full, rest = divmod(self.sampler.epoch_length(), self.batch_size)
-        return full + (1 if rest and not self.drop_remainder else 0)
+        return batch_count(self.sampler.epoch_length(), self.batch_size, self.drop_remainder)
 
     def raw_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Tensor, ...]]:
         """The batches as the workers send them: uint8 (B, H, W, 3) pixels, labels, indices, skipped flags (and
         the erase draws); `epoch` runs the prologue on these."""
-        self.sampler.epoch = epoch
+        self.sampler.epoch = self.keys.epoch = epoch
         self.skipped_files = 0
         dataset = self.dataset
         if start_batch:  # MindSpore fixes a pipeline's length when it is built: a shorter epoch needs its own
-            rest = copy.copy(self.sampler)
-            rest.start = start_batch * self.batch_size
-            dataset = self._pipeline(rest)
+            dataset = self._pipeline(start_batch)
         if self._native is not None and self._targets is not None:
             seed_epoch(self._seed, epoch)
         iterator = dataset.create_tuple_iterator(num_epochs=1)
