@@ -204,7 +204,8 @@ def kinds_table(ours: dict[str, float], theirs: dict[str, float] | None, title: 
     notes = [f"swinexp wall time of the profiled steps (ms, under the profiler): {wall}."]
     if theirs is not None:
         notes.append("timm wall time of the profiled steps (ms, under torch.profiler): "
-                     + ", ".join(f"{ms:.0f}" for ms in timm_wall_ms) + ".")
+                     + ", ".join(f"{ms:.0f}" for ms in timm_wall_ms[:-1]) + f"; its op times are those of the "
+                     f"step of median wall time ({timm_wall_ms[-1]:.0f} ms), as single steps stall on a shared host.")
     notes.append("Op times are kernel self times summed per kind and divided by the profiled steps; shares are of "
                  "each side's own total. gap > 0: swinexp spends more on that kind.")
     if ours_by_type:

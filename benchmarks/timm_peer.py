@@ -130,9 +130,10 @@ class TimmProfile:
     """torch.profiler's view of the timed steps.
 
     Attributes:
-        ops: (aten op name, inside the optimizer step or clipping, self time in ms per step), one per pair; only
-            `aten::` ops, so the profiler's own regions and autograd's bookkeeping are left out.
-        wall_ms: Wall time of each profiled step.
+        ops: (aten op name, inside the optimizer step or clipping, self time in ms) of the profiled step with the
+            median wall time, one per pair; only `aten::` ops, so the profiler's own regions and autograd's
+            bookkeeping are left out.
+        wall_ms: Wall time of each profiled step, then (last) that median step's as the profiler saw it.
     """
 
     ops: tuple[tuple[str, bool, float], ...]
@@ -150,7 +151,8 @@ def _in_optimizer(event: Any) -> bool:
 
 
 def profile(settings: TimmSettings) -> TimmProfile:
-    """Run 1 + warmup steps, then profile `iters` steps with torch.profiler; self time per aten op and region."""
+    """Run 1 + warmup steps, then profile `iters` steps with torch.profiler; self time per aten op and region of
+    the median step."""
     import timm
     import torch
     from torch.profiler import ProfilerActivity
@@ -166,12 +168,17 @@ def profile(settings: TimmSettings) -> TimmProfile:
             wall_ms.append(1000 * _timed(step))
             prof.step()
     wall_ms = wall_ms[1:]
+    # on a shared machine single steps stall (seconds, measured); report the step of median wall time, not the mean
+    events = list(prof.events())
+    steps = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep"))
+    median = sorted(steps, key=lambda se: se[1] - se[0])[len(steps) // 2]
     totals: dict[tuple[str, bool], float] = {}
-    for event in prof.events():
-        if event.name.startswith("aten::"):
+    for event in events:
+        if event.name.startswith("aten::") and median[0] <= event.time_range.start <= median[1]:
             key = (event.name, _in_optimizer(event))
-            totals[key] = totals.get(key, 0.0) + event.self_cpu_time_total / 1000 / settings.iters
+            totals[key] = totals.get(key, 0.0) + event.self_cpu_time_total / 1000
     ops = tuple((name, opt, ms) for (name, opt), ms in totals.items())
+    wall_ms.append((median[1] - median[0]) / 1000)  # last: the step whose ops these are
     return TimmProfile(ops, tuple(wall_ms), torch.__version__, timm.__version__)
 
 
