@@ -43,13 +43,10 @@ KINDS: tuple[tuple[str, str], ...] = (
     (GELU, r"(?i)^(aten::)?(gelu\w*|GeLU\w*|Erf\w*)$"),
     ("Gather (rel-pos bias, row permutations)", r"(?i)^(aten::)?(gather\w*|index\w*|embedding\w*|"
                                                 r"UnsortedSegmentSum|ScatterAdd\w*|index_put_?|_index_put_impl_)$"),
-    (LAYOUT, r"(?i)^(aten::)?(transpose\w*|permute|reshape|view|"
-                                                           r"_?copy_?|clone|contiguous|roll|cat|concat|split\w*|"
-                                                           r"slice\w*|StridedSlice\w*|as_strided\w*|narrow|"
-                                                           r"_unsafe_view|expand\w*|Tile|BroadcastTo|Stack|"
-                                                           r"Unstack|Roll|Identity|Cast|Flatten|squeeze|unsqueeze|"
-                                                           r"PadV\d|pad|constant_pad_nd|fill_|zero_|zeros_like|"
-                                                           r"empty\w*|resize_|t|unbind|chunk|TensorMove)$"),
+    (LAYOUT, r"(?i)^(aten::)?(transpose\w*|permute|reshape|view|_?copy_?|clone|contiguous|roll|cat|concat|"
+             r"split\w*|slice\w*|StridedSlice\w*|as_strided\w*|narrow|_unsafe_view|expand\w*|Tile|BroadcastTo|"
+             r"Stack|Unstack|Roll|Identity|Cast|Flatten|squeeze|unsqueeze|PadV\d|pad|constant_pad_nd|fill_|zero_|"
+             r"zeros_like|empty\w*|resize_|t|unbind|chunk|TensorMove)$"),
 )
 _COMPILED = [(kind, re.compile(pattern)) for kind, pattern in KINDS]
 # MindSpore scopes (the op's full name without its last part). The CPU formulation writes LayerNorm, Softmax and GELU
