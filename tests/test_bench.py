@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from benchmarks import peers, step
+from benchmarks import ops, peers, step
 from benchmarks.__main__ import main, parse
 from benchmarks.matmul_peak import matmul_peak_gflops
 from benchmarks.options import Options
@@ -396,3 +396,47 @@ def test_memory_guard_waits_for_memory_other_jobs_free(monkeypatch: pytest.Monke
     guard.largest_gb = 6.0  # one step compiled: the next needs 6.6 GiB free
     guard.before_compile("qkv=split", compiled=1)  # returns once another job has freed enough (3 -> 7 GiB)
     assert memory["available"] == 7.0
+
+
+def test_ops_splits_both_steps_kernel_time_into_op_kinds(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("timm")
+    assert main(["ops", *MICRO]) == 0
+    out = capsys.readouterr().out
+    ((header, rows),) = tables(out)
+    assert header == ["op kind", "swinexp (ms/step)", "swinexp share (%)", "timm (ms/step)", "timm share (%)",
+                      "gap (ms/step)"]
+    body, total = rows[:-1], rows[-1]
+    assert total[0] == "total (sum of op times)"
+    kinds = {row[0] for row in body}
+    assert {ops.GEMM, ops.SOFTMAX, ops.LAYERNORM, ops.GELU, ops.OPTIMIZER} <= kinds, kinds
+    for side in ("swinexp", "timm"):
+        ms = numbers(header, total, (f"{side} (ms/step)",))[0]
+        shares = [float(row[header.index(f"{side} share (%)")]) for row in body]
+        assert ms > 0 and abs(sum(shares) - 100) < 0.5, (side, shares)  # rounded to 0.1 each
+        per_kind = [float(row[header.index(f"{side} (ms/step)")]) for row in body]
+        assert sum(per_kind) == pytest.approx(ms, abs=0.1 * len(body))
+        assert numbers(header, next(r for r in body if r[0] == ops.GEMM), (f"{side} (ms/step)",))[0] > 0
+    assert re.search(r"swinexp per part of the model.*stage 0 \d+\.\d.*stage 1 \d+\.\d", out)
+
+
+@pytest.mark.parametrize("op_type,scope,in_optimizer,kind", [
+    ("MatMul", "Default/model-SwinTransformer/layers-CellList/0-BasicLayer/blocks-CellList/0-SwinTransformerBlock/"
+               "mlp-Mlp/fc1-Linear/MatMul-op0", False, ops.GEMM),
+    ("MatMul", "Default/model-SwinTransformer/norm-LastAxisLayerNorm/fn-_LayerNormFn/MatMul-op8", False, ops.LAYERNORM),
+    ("Mul", "Gradients/Default/model-SwinTransformer/layers-CellList/0-BasicLayer/blocks-CellList/0-"
+            "SwinTransformerBlock/mlp-Mlp/act-ExactGELU/fn-_GeluFn/Mul-op3", False, ops.GELU),
+    ("Sub", ".../attn-WindowAttention/softmax-LastAxisSoftmax/fn-_SoftmaxFn/Sub-op0", False, ops.SOFTMAX),
+    ("MatMul", "Default/MatMul-op10", False, ops.OPTIMIZER),  # the global norm's dot products
+    ("AdamWeightDecay", "Default/optimizer-AdamW/AdamWeightDecay-op8", False, ops.OPTIMIZER),
+    ("LogSoftmax", "Default/LogSoftmax-op0", False, ops.LOSS),
+    ("aten::native_layer_norm_backward", "", False, ops.LAYERNORM),
+    ("aten::_softmax_backward_data", "", False, ops.SOFTMAX),
+    ("aten::_log_softmax", "", False, ops.LOSS),
+    ("aten::addmm", "", False, ops.GEMM),
+    ("aten::gelu_backward", "", False, ops.GELU),
+    ("aten::copy_", "", False, ops.LAYOUT),
+    ("aten::mul", "", True, ops.OPTIMIZER),
+    ("aten::add", "", False, ops.OTHER),
+])
+def test_op_kinds_follow_scope_then_type(op_type: str, scope: str, in_optimizer: bool, kind: str) -> None:
+    assert ops.kind_of(op_type, scope, in_optimizer) == kind
