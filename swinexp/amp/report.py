@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import mindspore as ms
 import numpy as np
@@ -84,7 +85,7 @@ def stage_outputs(network: nn.Cell, images: Tensor) -> Iterator[tuple[str, Tenso
     """(name, output) after the patch embedding, every block, every patch merging, the final norm and the head.
 
     Walks SwinTransformer.forward_features/forward_head by hand, calling each sub-cell the way the model does, so
-    each keeps its AMP casts; works in graph and pynative mode (no hooks).
+    each keeps its AMP casts (no hooks). Reports run it eagerly (`_eagerly`).
     """
     net = unwrap(network)
     x = net.patch_embed(images)
@@ -103,11 +104,28 @@ def stage_outputs(network: nn.Cell, images: Tensor) -> Iterator[tuple[str, Tenso
     yield "logits", net.head(ops.mean(x, 1))
 
 
+@contextmanager
+def _eagerly() -> Iterator[None]:
+    """Pynative mode for the duration. In graph mode a sub-cell called again after the policy cast it runs the graph
+    compiled for it before, in fp32, and the report would show no drift at all."""
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=mode)
+
+
+def _stage_arrays(network: nn.Cell, images: Tensor) -> list[tuple[str, str, np.ndarray]]:
+    network.set_train(False)
+    with _eagerly():
+        return [(k, str(v.dtype).lower(), v.asnumpy().astype(np.float64)) for k, v in stage_outputs(network, images)]
+
+
 def fp32_outputs(network: nn.Cell, images: Tensor) -> dict[str, np.ndarray]:
     """Every stage output of the fp32 network (float64 numpy), recorded before a policy casts it: the reference a
     drift report compares with, so the run needs no second model."""
-    network.set_train(False)
-    return {k: v.asnumpy().astype(np.float64) for k, v in stage_outputs(network, images)}
+    return {name: y for name, _, y in _stage_arrays(network, images)}
 
 
 def drift_report(reference: dict[str, np.ndarray], candidate: nn.Cell, policy: AmpPolicy, images: Tensor) -> str:
@@ -119,12 +137,10 @@ def drift_report(reference: dict[str, np.ndarray], candidate: nn.Cell, policy: A
         policy: the policy `candidate` was cast with (for the header).
         images: one batch, (B, 3, H, W) fp32.
     """
-    candidate.set_train(False)
     rows, y = [], np.zeros(0)
-    for name, out in stage_outputs(candidate, images):
-        y, r = out.asnumpy().astype(np.float64), reference[name]
-        rows.append((name, str(out.dtype).lower(), np.linalg.norm(y - r) / max(np.linalg.norm(r), 1e-30),
-                     float(np.abs(y - r).max())))
+    for name, dtype, y in _stage_arrays(candidate, images):
+        r = reference[name]
+        rows.append((name, dtype, np.linalg.norm(y - r) / max(np.linalg.norm(r), 1e-30), float(np.abs(y - r).max())))
     agree = 100.0 * np.mean(np.argmax(reference["logits"], -1) == np.argmax(y, -1))  # y: the last output
     lines = [f"precision drift: amp {policy.level} ({str(policy.dtype).lower()}) vs float32, same weights, "
              f"batch of {images.shape[0]}",
