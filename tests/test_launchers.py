@@ -122,8 +122,8 @@ def test_parallel_jobs_overlap_on_disjoint_cores_and_get_the_config_dir(tmp_path
         assert (job_dir / "job.out").is_file() and (job_dir / "run.log").is_file()  # each job logs in its dir
         env_set = yaml.safe_load((job_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["env_set"]
         assert env_set["SWINEXP_SWEEP_PARENT_RUN_ID"] == parent.info.run_id  # the parent id is in the job's config
-    # both ran at once: each started before the other ended (MLflow's run times), on cores of its own
-    assert max(c.info.start_time for c in children) < min(c.info.end_time for c in children)
+    # both ran at once: each process started before the other ended, on cores of its own (not MLflow's run times:
+    # those start after the imports, and a job sharing its core with other work can import longer than the other runs)
     records = [json.loads((tmp_path / "multirun" / str(n) / "launcher.json").read_text()) for n in (0, 1)]
     assert [r["cpu_affinity"] for r in records] == [r["devices"] for r in records] == [[0], [1]]
     assert max(r["start"] for r in records) < min(r["end"] for r in records)
