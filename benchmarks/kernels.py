@@ -2,7 +2,7 @@
 
 On MindSpore 2.10's CPU backend some kernels keep about four output-sized buffers per call for as long as the
 compiled graph runs (`ops.transpose`, divisions, Adds and Muls whose operands differ in shape); the model and the
-optimizer avoid them (models/layers.py, "Kernels that hold memory"). Each probe runs in a fresh process, because a
+optimizer avoid them (models/kernels.py, "Kernels that hold memory"). Each probe runs in a fresh process, because a
 process's peak resident set only grows:
 
 - a kernel probe chains CALLS calls of one op on a (1024, 49, 96) fp32 input (a window-attention-sized tensor) in
@@ -44,7 +44,7 @@ def _kernel_ops() -> dict[str, Callable]:
     """
     from mindspore import mint, ops
 
-    from swinexp.models.layers import expand
+    from swinexp.models.kernels import expand
 
     def same_shape_add(x, y, row, col):
         return x + y

@@ -50,7 +50,7 @@ KINDS: tuple[tuple[str, str], ...] = (
 )
 _COMPILED = [(kind, re.compile(pattern)) for kind, pattern in KINDS]
 # MindSpore scopes (the op's full name without its last part). The CPU formulation writes LayerNorm, Softmax and GELU
-# as cells with hand-written backward passes (layers.py) made of MatMuls and elementwise ops; their whole cost is
+# as cells with hand-written backward passes (kernels.py) made of MatMuls and elementwise ops; their whole cost is
 # that kind's. The optimizer cell, and the train step's own ops directly under "Default/" (the global norm as dot
 # products, the finite check, the packed outputs; engine/step.py) are the optimizer's.
 _MS_SCOPES = ((re.compile(r"optimizer-"), OPTIMIZER), (re.compile(r"(?i)layer_?norm"), LAYERNORM),

@@ -40,7 +40,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "custom_bprop": ("model.custom_bprop=true",),
     # conf/model/formulation/cpu.yaml, what hardware=cpu trains with
     "cpu formulation": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=matmul"),
-    # the cpu formulation with the other permutation kernels (layers.py): faster and holding memory, or slower
+    # the cpu formulation with the other permutation kernels (models/kernels.py): faster and holding memory, or slower
     "cpu, permute=transpose": (*CPU_REWRITES, "model.permute=transpose", "model.patch_embed=matmul"),
     "cpu, permute=mint": (*CPU_REWRITES, "model.permute=mint", "model.patch_embed=matmul"),
     # and with the official patch embedding, MindSpore's Conv2D (slow on CPU, layers.PatchMatMul)

@@ -1,4 +1,4 @@
-"""The model and AdamW keep off MindSpore's CPU kernels that hold memory (models/layers.py, "Kernels that hold memory").
+"""The model and AdamW keep off MindSpore's CPU kernels that hold memory (models/kernels.py, first section).
 
 Peak resident memory in fresh processes (`benchmarks.kernels`). The bounds sit between what the steps hold now
 and what they held with `ops.transpose`, implicit broadcasts and divisions (measured here, in the comments).

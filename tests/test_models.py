@@ -14,15 +14,11 @@ from omegaconf import OmegaConf
 from swinexp.models import MODELS, SWIN_SIZES, SwinTransformer
 from swinexp.models.convert import fuse_qkv, split_qkv
 from swinexp.models.factory import create_model, model_defaults
+from swinexp.models.kernels import AddBroadcast, ExactGELU, LastAxisLayerNorm, LastAxisSoftmax, Permute
 from swinexp.models.layers import (
-    AddBroadcast,
     DropPath,
-    ExactGELU,
-    LastAxisLayerNorm,
-    LastAxisSoftmax,
     Linear,
     PatchMatMul,
-    Permute,
     TokenWindows,
     relative_position_index,
     roll_hw,

@@ -14,11 +14,11 @@ Three switches select equivalent formulations of the same function (the ablation
 
 Three more keep the computation and change its kernels:
 
-- `custom_bprop`: hand-written backward passes for GELU, softmax, LayerNorm and the bias adds (layers.py) instead
+- `custom_bprop`: hand-written backward passes for GELU, softmax, LayerNorm and the bias adds (kernels.py) instead
   of MindSpore's autodiff kernels, which are slow on CPU.
 - `permute`: `transpose` (`ops.transpose`), `mint` (`mint.permute`) or `gather` (whole rows of the last axis by one
   Gather where a permutation keeps the first and last axes) for the axis permutations; on CPU the first holds
-  buffers for the graph's life, the second is slow, the third neither (layers.py `Permute`, BENCHMARKS.md).
+  buffers for the graph's life, the second is slow, the third neither (kernels.py `Permute`, BENCHMARKS.md).
 - `patch_embed`: `conv` (`nn.Conv2d`; official) or `matmul` (the patches as rows of one MatMul, `PatchMatMul`): on
   CPU MindSpore's Conv2D runs this conv ~50x slower than the MatMul (BENCHMARKS.md).
 """
@@ -34,25 +34,27 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
+from swinexp.models.kernels import (
+    PERMUTE_MODES,
+    AddBroadcast,
+    LastAxisLayerNorm,
+    LastAxisSoftmax,
+    Permute,
+    expand,
+    reorder_axes,
+)
 from swinexp.models.layers import (
     INIT_STD,
     PATCH_EMBED_MODES,
-    PERMUTE_MODES,
-    AddBroadcast,
     DropPath,
     KeyedDropout,
-    LastAxisLayerNorm,
-    LastAxisSoftmax,
     Linear,
     Mlp,
     PatchEmbed,
-    Permute,
     TokenWindows,
     TruncNormal,
     dense,
-    expand,
     relative_position_index,
-    reorder_axes,
     shifted_window_mask,
     stage_windows,
 )
@@ -111,7 +113,7 @@ class WindowAttention(nn.Cell):
         proj_drop: Dropout rate after the output projection.
         formulation: How q, k, v are projected (`qkv`), the bias table looked up (`rel_pos_bias`), axes permuted
             (`permute`), and whether the projections, the bias + mask add and the softmax use hand-written backward
-            passes (`custom_bprop`, see layers.py).
+            passes (`custom_bprop`, see kernels.py).
     """
 
     def __init__(
@@ -475,7 +477,7 @@ class SwinTransformer(nn.Cell):
         custom_bprop: Hand-written backward passes for GELU, softmax, LayerNorm, the Dense biases and the attention
             bias (sums over an axis as MatMuls, GELU's derivative from its forward): the same function and gradients
             up to float rounding, faster where MindSpore's gradient kernels for them are slow (its CPU backend). See
-            layers.py.
+            kernels.py.
         permute: Permutation kernel, one of "transpose" (`ops.transpose`), "mint" (`mint.permute`), "gather" (rows).
         patch_embed: Patch embedding kernel, one of "conv" (`nn.Conv2d`), "matmul" (`layers.PatchMatMul`).
 
