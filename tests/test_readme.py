@@ -10,6 +10,7 @@ from hydra import compose as compose_cfg
 from hydra import initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
 
 from swinexp.build import check_trainer
 from swinexp.config import read
@@ -41,9 +42,10 @@ def _jobs(args: list[str]) -> list[list[str]]:
     overrides = [a for a in args if a not in FLAGS]
     if FLAGS & set(args):
         return _split(overrides)
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        hydra_cfg = compose_cfg("config", overrides=overrides, return_hydra_config=True).hydra
-    if hydra_cfg.mode != "MULTIRUN":  # a named sweep (sweep=X) sets it, with its values in sweeper.params
+    single = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):  # a named sweep + seed=1,2,3 too
+        hydra_cfg = compose_cfg("config", overrides=single, return_hydra_config=True).hydra
+    if hydra_cfg.mode != RunMode.MULTIRUN:  # a named sweep (sweep=X) sets it, with its values in sweeper.params
         return [overrides]
     given = {o.split("=")[0] for o in overrides}
     return _split([f"{k}={v}" for k, v in hydra_cfg.sweeper.params.items() if k not in given] + overrides)
