@@ -183,8 +183,11 @@ def enable(plan: Plan) -> Path | None:
     os.environ["MS_COMPILER_CACHE_PATH"] = str(private)
     _session = _Session(shared, private, held, max_bytes=int(hw.compile_cache_max_gb * 2**30))
     atexit.register(_publish, _session)
-    log.info("hardware.compile_cache: %s compiled graphs of this configuration in %s",
-             "loading the" if held is not None else "no", shared)
+    if held is None:
+        log.info("hardware.compile_cache: no compiled graphs of this configuration in %s yet; this run compiles "
+                 "and fills it (MindSpore's warnings that it cannot open or check a hash file say the same)", shared)
+    else:
+        log.info("hardware.compile_cache: loading the compiled graphs of this configuration in %s", shared)
     return shared
 
 
