@@ -174,7 +174,8 @@ def seed_epoch(seed: int, epoch: int) -> None:
     """Seed MindSpore's dataset generators for one epoch's iterator.
 
     MindSpore seeds its random vision ops when an iterator is built, from the global dataset seed: without a new
-    seed per epoch every epoch would repeat the first epoch's draws position by position. This is the one global
-    setting outside `runtime.hardware`, and it changes only the dataset engine's seed.
+    seed per epoch every epoch would repeat the first epoch's draws position by position. One of the two global
+    settings outside `runtime.hardware` (the other: the prefetch size `Loader.raw_epoch` lowers to fit /dev/shm);
+    it changes only the dataset engine's seed.
     """
     msds.config.set_seed(int(np.random.default_rng([seed, epoch]).integers(2**31 - 1)))
