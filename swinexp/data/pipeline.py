@@ -13,11 +13,18 @@ from mindspore import Tensor
 
 from swinexp.data.batches import BatchKeys, BatchSource, batch_count
 from swinexp.data.datasets import DataSpec
-from swinexp.data.decode import DECODE_ERRORS, load_rgb
+from swinexp.data.decode import DECODE_ERRORS, MAX_CONSECUTIVE_SKIPS, load_rgb
 from swinexp.data.erasing import RandomErasing
 from swinexp.data.folder import Sample
 from swinexp.data.mixup import Mixup
-from swinexp.data.native import EncodedSource, NativeTransform, native_dataset, native_of, seed_epoch
+from swinexp.data.native import (
+    EncodedSource,
+    NativeTransform,
+    native_dataset,
+    native_of,
+    seed_epoch,
+    unreadable_file_error,
+)
 from swinexp.data.prologue import Prologue
 from swinexp.data.shm import fitting_prefetch, free_shm, queue_bytes
 from swinexp.data.targets import BatchTransform, MixDraws, SmoothedTargets
@@ -25,7 +32,6 @@ from swinexp.data.transforms import EvalTransform, PixelTransform
 from swinexp.registry import ConfigError
 
 log = logging.getLogger(__name__)
-MAX_CONSECUTIVE_SKIPS = 50  # more unreadable files in a row means a broken dataset, not a stray bad file
 
 
 class EpochSampler:
@@ -197,14 +203,28 @@ class Loader:
             # loader's queues can only get shallower, never outgrow the space this one was checked against.
             msds.config.set_prefetch_size(self.prefetch)
         iterator = dataset.create_tuple_iterator(num_epochs=1)
+        batch = start_batch
         try:
             for row in iterator:
                 self.skipped_files += int(row[3].asnumpy().sum())
                 yield tuple(row)
+                batch += 1
+        except RuntimeError as err:
+            named = self._native and unreadable_file_error(self._native, self._read_ahead(epoch, batch))
+            if named is None:
+                raise
+            raise named from err
         finally:
             # A caller that stops early (limit_train_batches) must not leave this pipeline running: its workers
             # would go on drawing from the shared sampler while the next epoch's pipeline starts.
             iterator.stop()
+
+    def _read_ahead(self, epoch: int, batch: int) -> np.ndarray:
+        """The samples a native pipeline may have read when batch `batch` failed: its own and those MindSpore's
+        queues (prefetch size rows or batches each) and map threads can hold beyond it."""
+        window = (msds.config.get_prefetch_size() + 2) * (self.batch_size + self._workers)
+        start = batch * self.batch_size
+        return self.sampler.indices(epoch)[start:start + window]
 
     def host_part(self, row: tuple[Tensor, ...]) -> tuple[MixDraws, Tensor]:
         """The main process's share of a raw train batch: its Mixup/CutMix draws and its targets (B, K).
