@@ -210,7 +210,9 @@ class Loader:
                 yield tuple(row)
                 batch += 1
         except RuntimeError as err:
-            named = self._native and unreadable_file_error(self._native, self._read_ahead(epoch, batch))
+            named = None
+            if self._native is not None:
+                named = unreadable_file_error(self._native, self._read_ahead(epoch, batch))
             if named is None:
                 raise
             raise named from err
