@@ -10,10 +10,10 @@ eval transform, each as data.pipeline=exact (timm's pixels) and =native (MindSpo
   normalized, erased: timm's pixels), data.pipeline=native's MindSpore vision ops run eagerly and, with the
   `reference` extra, timm's ImageDataset + create_transform on the same files, taking turns image by image;
 - for workers = 1..`--workers`: images/s through the Loader (workers stack whole batches -> the main process),
-  main-process CPU per batch in the steady state (getrusage of this process from the first batch to the last:
-  MindSpore's iterator threads, the Mixup draws and targets; with 1 worker the worker is a thread of this process
-  and is counted too), the CPU of starting and stopping the epoch's workers, and the bytes per image that cross
-  from the workers (uint8 pixels, and all columns: label, index, flags, erase draws);
+  main-process CPU per batch in the steady state, mean and median batch (getrusage of this process from the first
+  batch to the last: MindSpore's iterator threads, the Mixup draws and targets; with 1 worker the worker is a thread
+  of this process and is counted too), the CPU of starting and stopping the epoch's workers, and the bytes per image
+  that cross from the workers (uint8 pixels, and all columns: label, index, flags, erase draws);
 - cores per card: what sustaining `--batch` images every `--step-ms` ms takes, from the single-core worker cost
   and the main-process steady-state cost per image (the host's cores, not this machine's, are the limit being
   projected).
@@ -53,7 +53,8 @@ CIFAR_DIR = CIFAR_TRAIN.parent
 CARDS = 8
 COLUMNS = ("dataset", "pipeline", "per-image ops", "workers", "images/s", "worker ms/image", "swinexp ms/image",
            "timm ms/image",
-           "main CPU ms/batch", "main CPU ms/image", "start+stop CPU ms/epoch", "pixel bytes/image", "bytes/image",
+           "main CPU ms/batch", "median main CPU ms/batch", "main CPU ms/image", "start+stop CPU ms/epoch",
+           "pixel bytes/image", "bytes/image",
            "cores/card")
 
 
@@ -70,6 +71,7 @@ class EpochCost:
     images: int
     batches: int
     steady_cpu_ms: float  # main-process CPU per batch from the first batch to the last
+    median_cpu_ms: float  # the median batch of those: a few spikes on a shared host decide the mean
     start_stop_cpu_ms: float  # main-process CPU up to the first batch (starting the workers) and after the last
     pixel_bytes: float  # per image, of the first batch
     all_bytes: float
@@ -90,8 +92,9 @@ def _loader_epoch(loader: Loader, epoch: int, train: bool) -> EpochCost:
         marks.append(_cpu_s())
     seconds, total = time.perf_counter() - start, _cpu_s() - cpu
     steady = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
+    median = float(np.median(np.diff(marks))) if len(marks) > 1 else float("nan")
     start_stop = total - (marks[-1] - marks[0])
-    return EpochCost(seconds, images, len(marks), steady * 1e3, start_stop * 1e3, *sizes)
+    return EpochCost(seconds, images, len(marks), steady * 1e3, median * 1e3, start_stop * 1e3, *sizes)
 
 
 def _prologue_ms(loader: Loader, train: bool) -> float:
@@ -190,6 +193,7 @@ def run(opts: Options) -> BenchResult:
                         at = f"{key}/{pipeline}/{w}"
                         metrics.update({f"{at}/images_per_s": cost.images / cost.seconds,
                                         f"{at}/main_cpu_ms_per_batch": cost.steady_cpu_ms,
+                                        f"{at}/median_main_cpu_ms_per_batch": cost.median_cpu_ms,
                                         f"{at}/main_cpu_ms_per_image": main_ms_per_image,
                                         f"{at}/start_stop_cpu_ms": cost.start_stop_cpu_ms,
                                         f"{at}/pixel_bytes_per_image": cost.pixel_bytes,
@@ -198,7 +202,8 @@ def run(opts: Options) -> BenchResult:
                         rows.append((name, kind, pipeline, str(w), f"{cost.images / cost.seconds:.0f}",
                                      f"{worker_ms:.2f}", "-" if native else f"{ms['swinexp']:.2f}",
                                      f"{ms['timm']:.2f}" if with_timm and not native else "-",
-                                     f"{cost.steady_cpu_ms:.2f}", f"{main_ms_per_image:.3f}",
+                                     f"{cost.steady_cpu_ms:.2f}", f"{cost.median_cpu_ms:.2f}",
+                                     f"{main_ms_per_image:.3f}",
                                      f"{cost.start_stop_cpu_ms:.0f}", f"{cost.pixel_bytes:.0f}",
                                      f"{cost.all_bytes:.0f}", f"{cores:.2f}"))
                 notes.append(f"{name}, {kind}: device prologue {prologue:.1f} ms per batch of {batch} on this CPU "
@@ -216,9 +221,10 @@ def run(opts: Options) -> BenchResult:
              "in the Loader they run as C++ map threads of this process, so main CPU ms/batch holds all the "
              "decoding and cores/card is that figure alone.",
              "main CPU ms/batch: this process from the first batch of an epoch to its last (iterator, Mixup draws "
-             "and targets), per batch; with 1 worker the worker runs as a thread here and its decoding is counted "
-             "too. start+stop CPU ms/epoch: the main process's CPU up to the first batch and after the last (each "
-             "epoch starts its worker processes anew and stops them).",
+             "and targets), per batch, the mean and the median batch (a few spikes of a shared host decide the "
+             "mean); with 1 worker the worker runs as a thread here and its decoding is counted too. start+stop CPU "
+             "ms/epoch: the main process's CPU up to the first batch and after the last (each epoch starts its "
+             "worker processes anew and stops them).",
              *notes]
     title = (f"Loader feed, output {img_size} px, batch {batch}, workers 1..{workers}; {describe()}")
     return BenchResult("loader", Table(title, COLUMNS, tuple(rows), tuple(notes)), metrics)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +12,16 @@ import mindspore.dataset.vision as vision
 import numpy as np
 import pytest
 from omegaconf import DictConfig
+from PIL import Image
 
 from swinexp.app.job import run
 from swinexp.app.job_info import JobInfo
 from swinexp.build import build_data_spec, build_experiment, resolve
 from swinexp.data.augment import light, swin
+from swinexp.data.datasets import imagefolder
 from swinexp.data.native import NativeTransform, native_of, rand_augment_magnitude
 from swinexp.data.pipeline import Loader
-from swinexp.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from swinexp.data.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform
 from swinexp.registry import ConfigError
 from swinexp.tracking import flatten
 from tests.conftest import ROOT, SMOKE
@@ -114,6 +117,56 @@ def test_native_training_runs_on_augmented_uint8_batches(compose: Callable[..., 
     assert metrics["train/optimizer_steps"] > 0
     for key in ("train/loss", "val/loss", "val/top1"):
         assert np.isfinite(metrics[key]), key
+
+
+def _write_split(root: Path) -> None:
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(6):
+            Image.effect_noise((24, 24), 40 + i).convert("RGB").save(root / label / f"{i}.jpg")
+
+
+def test_unreadable_files_keep_their_slot_on_the_native_path_too(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """As on the exact path: the next readable sample fills the slot, the file is logged by name and counted. The
+    JPEG cut in half is one on which MindSpore's Decode kills the process (SIGFPE); the one cut short by 40 bytes
+    it decodes with a warning, where PIL refuses it."""
+    for split in ("train", "val"):
+        _write_split(tmp_path / split)
+    whole = (tmp_path / "train" / "b" / "3.jpg").read_bytes()
+    (tmp_path / "train" / "b" / "truncated.jpg").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "train" / "b" / "cut_late.jpg").write_bytes(whole[:-40])
+    (tmp_path / "train" / "b" / "empty.jpg").write_bytes(b"")
+    (tmp_path / "train" / "a" / "notes.jpg").write_text("not an image")
+    spec = imagefolder(str(tmp_path), img_size=16, batch_size=4, num_workers=2, crop_pct=1.0, pipeline="native")
+    aug = swin(16, num_classes=2)
+    loader = Loader(spec.train, native_of(aug.transform), 4, 2, 0, aug.targets)  # 16 files: every one is read
+    with caplog.at_level(logging.WARNING):
+        rows = [tuple(t.asnumpy() for t in row) for row in loader.raw_epoch(0)]
+    assert [row[0].shape for row in rows] == [(4, 16, 16, 3)] * 4 and loader.skipped_files == 4
+    assert all(name in caplog.text for name in ("truncated.jpg", "cut_late.jpg", "empty.jpg", "notes.jpg"))
+    for row in rows:
+        for slot in np.flatnonzero(row[3]):
+            data, label, index, skipped = loader._native[int(row[2][slot])][:4]
+            assert skipped == 1 and index == row[2][slot] and label == row[1][slot] and data.size > 0
+
+
+def test_a_file_decode_refuses_stops_a_native_epoch_naming_the_file_and_the_fix(tmp_path: Path) -> None:
+    for split in ("train", "val"):
+        _write_split(tmp_path / split)
+    bad = tmp_path / "val" / "b" / "noise.png"
+    Image.effect_noise((24, 24), 40).convert("RGB").save(bad)
+    whole = bytearray(bad.read_bytes())
+    whole[len(whole) // 2:len(whole) // 2 + 40] = bytes(40)  # broken pixel data, intact headers and IEND
+    bad.write_bytes(bytes(whole))
+    spec = imagefolder(str(tmp_path), img_size=16, batch_size=4, num_workers=2, crop_pct=1.0, pipeline="native")
+    loader = Loader(spec.val, native_of(EvalTransform(16, 1.0)), 4, 2, 0)
+    with pytest.raises(RuntimeError, match=r"cannot decode '.*noise.png'.*Remove or replace the file.*"
+                                           "data.pipeline=exact"):
+        list(loader.raw_epoch(0))
+    bad.unlink()
+    assert sum(row[0].shape[0] for row in Loader(spec.val[:12], native_of(EvalTransform(16, 1.0)), 4, 2, 0)
+               .raw_epoch(0)) == 12
 
 
 @pytest.mark.slow

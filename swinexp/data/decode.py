@@ -6,6 +6,7 @@ from PIL import Image
 
 # what PIL raises for unreadable, truncated or hostile files (UnidentifiedImageError is an OSError)
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+MAX_CONSECUTIVE_SKIPS = 50  # more unreadable files in a row means a broken dataset, not a stray bad file
 
 
 def load_rgb(path: str) -> Image.Image:

@@ -16,11 +16,17 @@ What differs from timm on the native path (`python -m benchmarks native_distance
   native counterpart and are refused;
 - randomness: MindSpore's op generators, seeded per epoch from (seed, epoch) — reproducible for a fixed
   data.num_workers on one machine, but not across worker counts (rows reach the map threads in a different order),
-  and a resumed mid-epoch run does not redraw the uninterrupted epoch's crops; an unreadable file stops the epoch
-  (the exact path skips it).
+  and a resumed mid-epoch run does not redraw the uninterrupted epoch's crops;
+- unreadable files: a file that is empty, not an image or a truncated JPEG/PNG is logged by name and replaced by
+  the next readable sample in its slot, as on the exact path (`encoded_problem` checks the bytes without decoding
+  them: MindSpore's Decode kills the process with SIGFPE on some truncated JPEGs, and a failing Decode runs in a
+  C++ map thread after the sample was chosen, where nothing can replace it); a file that passes the check but
+  that Decode still refuses (corrupt data inside) stops the epoch with an error naming it (`unreadable_file_error`).
 """
 from __future__ import annotations
 
+import io
+import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -32,12 +38,14 @@ import numpy as np
 from PIL import Image
 
 from swinexp.data.auto_augment import AugMix, AutoAugment, RandAugment
+from swinexp.data.decode import DECODE_ERRORS, MAX_CONSECUTIVE_SKIPS
 from swinexp.data.erasing import RandomErasing
 from swinexp.data.factory import TrainTransform
 from swinexp.data.folder import Sample
 from swinexp.data.transforms import ColorJitter, EvalTransform
 from swinexp.registry import ConfigError
 
+log = logging.getLogger(__name__)
 INTERPOLATIONS = {"bicubic": vision.Inter.BICUBIC, "bilinear": vision.Inter.BILINEAR,
                   "nearest": vision.Inter.NEAREST}
 MAGNITUDE_BINS = 31  # torchvision's RandAugment default: bin b of 31 is b/30 of each op's range (timm: m/10)
@@ -133,11 +141,32 @@ def native_of(transform: Any) -> NativeTransform:
     raise ConfigError(f"data.pipeline=native cannot translate {type(transform).__name__}; use data.pipeline=exact")
 
 
+def encoded_problem(data: np.ndarray) -> str | None:
+    """Why MindSpore's Decode cannot read these encoded bytes, or None: empty, not an image PIL recognizes, or a
+    JPEG/PNG cut short (no end-of-image marker after the last scan, no IEND chunk). Reads headers only."""
+    if data.size == 0:
+        return "empty file"
+    raw = data.tobytes()
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            kind = img.format
+    except DECODE_ERRORS as err:
+        return f"not an image: {type(err).__name__}: {err}"
+    # In JPEG scan data a 0xFF byte is always followed by 0x00 or a restart marker, so an EOI after the last
+    # start-of-scan is the real end of the image.
+    if kind == "JPEG" and raw.rfind(b"\xff\xd9") < raw.rfind(b"\xff\xda"):
+        return "truncated JPEG: no end-of-image marker after the last scan"
+    if kind == "PNG" and b"IEND" not in raw[-12:]:
+        return "truncated PNG: no IEND chunk at the end"
+    return None
+
+
 class EncodedSource:
     """Random-access source of the native path: index -> (the file's encoded bytes uint8 (N,), int32 label, int64
-    epoch-carrying index, int32 skipped (always 0), and with `erasing` the erase draws of `DecodeTransform`).
+    epoch-carrying index, int32 skipped, and with `erasing` the erase draws of `DecodeTransform`).
 
     The erase draws come from (seed, epoch, i) as on the exact path, so they are reproducible whatever the workers.
+    A file `encoded_problem` refuses is logged by name and replaced by the next readable sample (`skipped` 1).
     """
 
     def __init__(self, samples: tuple[Sample, ...], transform: NativeTransform, seed: int,
@@ -150,12 +179,20 @@ class EncodedSource:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
         epoch, i = divmod(int(index), len(self.samples))
-        path, label = self.samples[i]
-        row = (np.fromfile(path, np.uint8), np.int32(label), np.int64(index), np.int32(0))
-        if self.erasing is None:
-            return row
-        draws = self.erasing.draw((3, self.img_size, self.img_size), np.random.default_rng([self.seed, epoch, i]))
-        return (*row, draws.boxes, draws.colours, draws.keys)
+        for attempt in range(min(MAX_CONSECUTIVE_SKIPS, len(self.samples))):
+            path, label = self.samples[(i + attempt) % len(self.samples)]
+            data = np.fromfile(path, np.uint8)
+            if problem := encoded_problem(data):
+                log.warning("skipping unreadable image '%s' (%s); using the next sample", path, problem)
+                continue
+            row = (data, np.int32(label), np.int64(index), np.int32(attempt > 0))
+            if self.erasing is None:
+                return row
+            rng = np.random.default_rng([self.seed, epoch, i])
+            draws = self.erasing.draw((3, self.img_size, self.img_size), rng)
+            return (*row, draws.boxes, draws.colours, draws.keys)
+        raise RuntimeError(f"{MAX_CONSECUTIVE_SKIPS} consecutive unreadable images starting at "
+                           f"'{self.samples[i][0]}'; check the files under data.root")
 
 
 def native_dataset(source: EncodedSource, columns: list[str], sampler: Any, workers: int, batch_size: int,
@@ -170,11 +207,33 @@ def native_dataset(source: EncodedSource, columns: list[str], sampler: Any, work
     return dataset.batch(batch_size, drop_remainder=drop_remainder)
 
 
+def unreadable_file_error(source: EncodedSource, candidates: np.ndarray) -> RuntimeError | None:
+    """The error for a native epoch that stopped in MindSpore: names the first of the `candidates` (sample indices
+    in the order the pipeline read them, from the failed batch on) that Decode refuses, and what to do; None when
+    every candidate decodes (the pipeline failed for another reason)."""
+    decode = source.transform.operations[0]
+    for i in candidates:
+        path = source.samples[int(i)][0]
+        data = np.fromfile(path, np.uint8)
+        if encoded_problem(data):  # the source skipped it; Decode might kill the process
+            continue
+        try:
+            decode(data)
+        except (RuntimeError, ValueError) as err:
+            reason = next((line.strip() for line in str(err).splitlines() if "[ERROR]" in line), type(err).__name__)
+            return RuntimeError(
+                f"data.pipeline=native cannot decode '{path}' ({reason}); the native path stops on an unreadable "
+                "file (its C++ decoder cannot take the next sample in its place). Remove or replace the file, or "
+                "use data.pipeline=exact, which logs such a file and uses the next readable sample")
+    return None
+
+
 def seed_epoch(seed: int, epoch: int) -> None:
     """Seed MindSpore's dataset generators for one epoch's iterator.
 
     MindSpore seeds its random vision ops when an iterator is built, from the global dataset seed: without a new
-    seed per epoch every epoch would repeat the first epoch's draws position by position. This is the one global
-    setting outside `runtime.hardware`, and it changes only the dataset engine's seed.
+    seed per epoch every epoch would repeat the first epoch's draws position by position. One of the two global
+    settings outside `runtime.hardware` (the other: the prefetch size `Loader.raw_epoch` lowers to fit /dev/shm);
+    it changes only the dataset engine's seed.
     """
     msds.config.set_seed(int(np.random.default_rng([seed, epoch]).integers(2**31 - 1)))

@@ -13,18 +13,25 @@ from mindspore import Tensor
 
 from swinexp.data.batches import BatchKeys, BatchSource, batch_count
 from swinexp.data.datasets import DataSpec
-from swinexp.data.decode import DECODE_ERRORS, load_rgb
+from swinexp.data.decode import DECODE_ERRORS, MAX_CONSECUTIVE_SKIPS, load_rgb
 from swinexp.data.erasing import RandomErasing
 from swinexp.data.folder import Sample
 from swinexp.data.mixup import Mixup
-from swinexp.data.native import EncodedSource, NativeTransform, native_dataset, native_of, seed_epoch
+from swinexp.data.native import (
+    EncodedSource,
+    NativeTransform,
+    native_dataset,
+    native_of,
+    seed_epoch,
+    unreadable_file_error,
+)
 from swinexp.data.prologue import Prologue
+from swinexp.data.shm import fitting_prefetch, free_shm, queue_bytes
 from swinexp.data.targets import BatchTransform, MixDraws, SmoothedTargets
 from swinexp.data.transforms import EvalTransform, PixelTransform
 from swinexp.registry import ConfigError
 
 log = logging.getLogger(__name__)
-MAX_CONSECUTIVE_SKIPS = 50  # more unreadable files in a row means a broken dataset, not a stray bad file
 
 
 class EpochSampler:
@@ -118,6 +125,8 @@ class Loader:
     indices and computes the targets, and the device prologue turns the uint8 batch into the normalized, erased,
     mixed float32 batch.
     `skipped_files` counts the unreadable files replaced so far in the current epoch (reset by `epoch`).
+    `prefetch` is the MindSpore prefetch size its worker processes run with, lowered at build time until their
+    result queues fit in /dev/shm (`swinexp.data.shm`); None without worker processes.
     """
 
     def __init__(self, samples: tuple[Sample, ...], transform: PixelTransform | NativeTransform, batch_size: int,
@@ -141,9 +150,21 @@ class Loader:
         self._columns = COLUMNS + (ERASE_COLUMNS if erasing is not None else [])
         self._targets, self._seed, self._workers = targets, seed, num_workers
         self._multiprocessing = python_multiprocessing and num_workers > 1
+        self.prefetch = self._shm_prefetch() if self._multiprocessing and self._native is None else None
         self.prologue = Prologue(transform.mean, transform.std, erasing.mode if erasing is not None else None,
                                  mixes=not isinstance(targets, SmoothedTargets), jit=jit)
         self.dataset = self._pipeline()
+
+    def _shm_prefetch(self) -> int:
+        """MindSpore's prefetch size lowered, if need be, until the workers' result queues fit in /dev/shm."""
+        batch_bytes = self.batch_size * sum(np.asarray(column).nbytes for column in self._source.per_image[0])
+        wanted, free = msds.config.get_prefetch_size(), free_shm()
+        prefetch = fitting_prefetch(batch_bytes, self._workers, wanted, free)
+        if prefetch < wanted:
+            log.warning("/dev/shm has %.0f MB free: prefetch size lowered from %d to %d so the result queues of %d "
+                        "worker processes fit (%.0f MB); a larger --shm-size keeps the deeper queues", free / 2**20,
+                        wanted, prefetch, self._workers, queue_bytes(batch_bytes, self._workers, prefetch) / 2**20)
+        return prefetch
 
     def _pipeline(self, start_batch: int = 0) -> msds.Dataset:
         """The epoch's pipeline from batch `start_batch` on (0: the shared one, whose samplers follow the epoch)."""
@@ -177,15 +198,35 @@ class Loader:
             dataset = self._pipeline(start_batch)
         if self._native is not None and self._targets is not None:
             seed_epoch(self._seed, epoch)
+        if self.prefetch is not None and msds.config.get_prefetch_size() > self.prefetch:
+            # A global: the worker pool reads it when the iterator starts it. Only ever lowered, so another
+            # loader's queues can only get shallower, never outgrow the space this one was checked against.
+            msds.config.set_prefetch_size(self.prefetch)
         iterator = dataset.create_tuple_iterator(num_epochs=1)
+        batch = start_batch
         try:
             for row in iterator:
                 self.skipped_files += int(row[3].asnumpy().sum())
                 yield tuple(row)
+                batch += 1
+        except RuntimeError as err:
+            named = None
+            if self._native is not None:
+                named = unreadable_file_error(self._native, self._read_ahead(epoch, batch))
+            if named is None:
+                raise
+            raise named from err
         finally:
             # A caller that stops early (limit_train_batches) must not leave this pipeline running: its workers
             # would go on drawing from the shared sampler while the next epoch's pipeline starts.
             iterator.stop()
+
+    def _read_ahead(self, epoch: int, batch: int) -> np.ndarray:
+        """The samples a native pipeline may have read when batch `batch` failed: its own and those MindSpore's
+        queues (prefetch size rows or batches each) and map threads can hold beyond it."""
+        window = (msds.config.get_prefetch_size() + 2) * (self.batch_size + self._workers)
+        start = batch * self.batch_size
+        return self.sampler.indices(epoch)[start:start + window]
 
     def host_part(self, row: tuple[Tensor, ...]) -> tuple[MixDraws, Tensor]:
         """The main process's share of a raw train batch: its Mixup/CutMix draws and its targets (B, K).
