@@ -6,16 +6,18 @@ input gradient dx = dy W and the weight gradient dW = dy^T x. Each can be comput
 orientation (a transposed flag of the MatMul, an explicit transpose before or after it, the weight kept as (in, out));
 `ORIENTATIONS` lists the ones timed, the first of each gradient being what MindSpore's autodiff of the Linear runs.
 The shapes are read off the model (its Linear layers and the token count of their stage). Every GEMM is jitted
-(graph mode) and timed alone, the orientations of one shape taking turns, median and min of `--iters` rounds; torch's
-counterparts (`gemm_torch`) run in a process of their own on as many threads. GFLOP/s counts a multiply-add as one
-FLOP, as the `step` table and its MatMul peak do.
+(graph mode) and timed alone, the orientations of one shape taking turns, median and min of `--iters` rounds;
+torch's counterparts (`gemm_torch`) run in a process of their own on as many threads, each call right after
+MindSpore's. GFLOP/s counts a multiply-add as one FLOP, as the `step` table and its MatMul peak do.
 """
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from benchmarks.options import Options
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import progress
 from benchmarks.timm_peer import torch_environment
-from benchmarks.worker import json_from_worker
+from benchmarks.worker import IMPORT_ROOT
 from swinexp.models.layers import Linear
 from swinexp.registry import MODELS
 
@@ -139,29 +141,68 @@ def _operands(shape: GemmShape) -> dict[str, Tensor]:
             "dy": Tensor(rng.standard_normal((shape.rows, shape.fan_out), np.float32))}
 
 
-def time_mindspore(shape: GemmShape, warmup: int, iters: int) -> list[Timed]:
-    """(Median, min) seconds of each of `ORIENTATIONS` on `shape`, jitted, the orientations taking turns per round."""
+class TorchPeer:
+    """`gemm_torch` in a process of its own, running one timed torch GEMM per request (a context manager)."""
+
+    def __init__(self, threads: int) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.gemm_torch", str(threads)],
+                                        cwd=IMPORT_ROOT, env=torch_environment(), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.version = ""
+
+    def _ask(self, command: str) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(command + "\n")
+        answer = self.process.stdout.readline().strip()
+        if not answer:
+            raise RuntimeError(f"the torch GEMM process exited with {self.process.wait()} on '{command}'")
+        return answer
+
+    def prepare(self, shape: GemmShape, warmup: int) -> None:
+        self.version = self._ask(f"shape {shape.rows} {shape.fan_in} {shape.fan_out} {warmup}")
+
+    def time(self, orientation: int) -> float:
+        return float(self._ask(f"time {orientation}"))
+
+    def __enter__(self) -> TorchPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process.poll() is None:
+            self._ask_quietly("quit")
+        self.process.wait(timeout=60)
+
+    def _ask_quietly(self, command: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.close()
+
+
+def time_shape(shape: GemmShape, warmup: int, iters: int,
+               peer: TorchPeer | None) -> tuple[list[Timed], list[Timed] | None]:
+    """(Median, min) seconds of each of `ORIENTATIONS` on `shape`, MindSpore's (jitted) and, given a peer, torch's.
+
+    Each round runs every orientation once, MindSpore's call and then torch's, so a slow phase of a shared machine
+    hits all of them alike.
+    """
     operands = _operands(shape)
     cells = [(_Gemm(o), operands[o.a], operands[o.b]) for o in ORIENTATIONS]
     for _ in range(1 + warmup):  # the first round compiles
         for cell, a, b in cells:
             cell(a, b)
-    seconds: list[list[float]] = [[] for _ in cells]
+    if peer is not None:
+        peer.prepare(shape, warmup)
+    ours: list[list[float]] = [[] for _ in cells]
+    theirs: list[list[float]] = [[] for _ in cells]
     for _ in range(iters):
         for i, (cell, a, b) in enumerate(cells):
             start = time.perf_counter()
             cell(a, b)  # on CPU a graph-mode call returns once the graph has run
-            seconds[i].append(time.perf_counter() - start)
-    return [(statistics.median(s), min(s)) for s in seconds]
-
-
-def time_torch(shapes: list[GemmShape], warmup: int, iters: int, threads: int) -> tuple[list[list[Timed]], str]:
-    """`gemm_torch` in a process of its own: (median, min) seconds per shape and orientation, and torch's version."""
-    settings = {"shapes": [[s.rows, s.fan_in, s.fan_out] for s in shapes], "warmup": warmup, "iters": iters,
-                "threads": threads}
-    out = json_from_worker("benchmarks.gemm_torch", [json.dumps(settings)], "the torch GEMM process", 1800,
-                           env=torch_environment())
-    return [[(m, b) for m, b in shape] for shape in out["seconds"]], f"torch {out['torch']} on {out['threads']} threads"
+            ours[i].append(time.perf_counter() - start)
+            if peer is not None:
+                theirs[i].append(peer.time(i))
+    medians = [(statistics.median(s), min(s)) for s in ours]
+    return medians, [(statistics.median(s), min(s)) for s in theirs] if peer is not None else None
 
 
 def run(opts: Options) -> BenchResult:
@@ -169,26 +210,29 @@ def run(opts: Options) -> BenchResult:
     overrides = [*opts.model_overrides("swin_tiny", 4, 224), f"data.num_classes={opts.num_classes}",
                  "tracking=none", *opts.overrides]
     shapes = linear_shapes(overrides)
-    threads = len(os.sched_getaffinity(0))
     loads = [load_average()]
-    progress(f"gemm: {len(shapes)} Linear shapes x {len(ORIENTATIONS)} orientations, MindSpore")
-    ours = []
-    for shape in shapes:
-        ours.append(time_mindspore(shape, opts.warmup, opts.iters))
-        progress(f"{shape.rows} x {shape.fan_in} -> {shape.fan_out}: " + ", ".join(
-            f"{o.label} {1e3 * s[0]:.2f} ms" for o, s in zip(ORIENTATIONS, ours[-1], strict=True)))
-    loads.append(load_average())
-    theirs: list[list[Timed]] | None = None
     torch_note = "torch not installed: no torch columns (pip install -e '.[reference]')"
-    if _torch_installed():
-        progress("gemm: the same GEMMs with torch, in its own process")
-        theirs, torch_note = time_torch(shapes, opts.warmup, opts.iters, threads)
-        loads.append(load_average())
+    ours: list[list[Timed]] = []
+    theirs: list[list[Timed]] | None = [] if _torch_installed() else None
+    progress(f"gemm: {len(shapes)} Linear shapes x {len(ORIENTATIONS)} orientations, MindSpore"
+             + (" and torch taking turns" if theirs is not None else ""))
+    with contextlib.ExitStack() as stack:
+        peer = stack.enter_context(TorchPeer(len(os.sched_getaffinity(0)))) if theirs is not None else None
+        for shape in shapes:
+            mine, other = time_shape(shape, opts.warmup, opts.iters, peer)
+            ours.append(mine)
+            if theirs is not None and other is not None:
+                theirs.append(other)
+            loads.append(load_average())
+            progress(f"{shape.rows} x {shape.fan_in} -> {shape.fan_out}: " + ", ".join(
+                f"{o.label} {1e3 * s[0]:.2f} ms" for o, s in zip(ORIENTATIONS, mine, strict=True)))
+        if peer is not None:
+            torch_note = peer.version
     plan = compose(overrides)
     title = (f"The Linear layers' GEMMs per shape and orientation: {plan.get('model.name')}, batch "
              f"{plan.get('data.batch_size')}, {plan.get('data.img_size')} px, fp32, MindSpore jitted (graph mode), "
              f"median and min of {opts.iters} rounds after {1 + opts.warmup}; {torch_note}; 1-minute load average "
-             f"{', '.join(f'{v:.1f}' for v in loads)} (start, after MindSpore, after torch); {describe()}")
+             f"{min(loads):.1f}-{max(loads):.1f}; {describe()}")
     return gemm_table(shapes, ours, theirs, title)
 
 
@@ -200,15 +244,12 @@ def _torch_installed() -> bool:
 
 def gemm_table(shapes: list[GemmShape], ours: list[list[Timed]], theirs: list[list[Timed]] | None,
                title: str) -> BenchResult:
-    """One row per shape and orientation.
-
-    "vs autodiff" compares medians within MindSpore's process (the orientations took turns, so load hit them alike);
-    MindSpore against torch compares the best rounds, as the two ran at different times of a shared machine.
-    """
+    """One row per shape and orientation; "vs autodiff" and "MindSpore / torch" compare medians (the calls took
+    turns, so the load of a shared machine hit them alike)."""
     columns = ["layers (calls per step)", "R x in -> out", "gemm", "orientation", "MindSpore median (ms)",
                "MindSpore min (ms)", "vs autodiff (median)", "MindSpore GFLOP/s (min)"]
     if theirs is not None:
-        columns += ["torch median (ms)", "torch min (ms)", "torch GFLOP/s (min)", "MindSpore / torch (min)"]
+        columns += ["torch median (ms)", "torch min (ms)", "torch GFLOP/s (min)", "MindSpore / torch (median)"]
     rows, metrics = [], {}
     per_step: dict[str, float] = defaultdict(float)  # ms per step of autodiff's orientations, the fastest, torch's
     for shape, mine_all, theirs_all in zip(shapes, ours, theirs or [None] * len(shapes), strict=True):
@@ -224,20 +265,18 @@ def gemm_table(shapes: list[GemmShape], ours: list[list[Timed]], theirs: list[li
             if theirs_all is not None:
                 other_median, other_best = theirs_all[i]
                 row += [f"{1e3 * other_median:.3f}", f"{1e3 * other_best:.3f}",
-                        f"{shape.multiply_adds / other_best / 1e9:.1f}", f"{best / other_best:.2f}"]
+                        f"{shape.multiply_adds / other_best / 1e9:.1f}", f"{median / other_median:.2f}"]
                 if AUTODIFF[gradient] == orientation.label:
-                    per_step[f"torch {gradient}"] += shape.calls * 1e3 * other_best
+                    per_step[f"torch {gradient}"] += shape.calls * 1e3 * other_median
             rows.append(tuple(row))
             metrics[f"gemm/{shape.rows}x{shape.fan_in}x{shape.fan_out}/{orientation.label}/median_ms"] = 1e3 * median
-        for gradient, (median, best) in reference.items():
+        for gradient, (median, _) in reference.items():
             per_step[f"autodiff {gradient}"] += shape.calls * 1e3 * median
-            per_step[f"autodiff min {gradient}"] += shape.calls * 1e3 * best
             per_step[f"fastest {gradient}"] += shape.calls * 1e3 * fastest[gradient]
     notes = ["Per step (sum over shapes of calls x ms): " + "; ".join(
         f"{gradient}: MindSpore with autodiff's orientation {per_step[f'autodiff {gradient}']:.1f} (median), "
-        f"with the fastest orientation per shape {per_step[f'fastest {gradient}']:.1f} (median), "
-        f"autodiff's orientation {per_step[f'autodiff min {gradient}']:.1f} (min)"
-        + (f", torch {per_step[f'torch {gradient}']:.1f} (min)" if theirs is not None else "")
+        f"with the fastest orientation per shape {per_step[f'fastest {gradient}']:.1f} (median)"
+        + (f", torch {per_step[f'torch {gradient}']:.1f} (median)" if theirs is not None else "")
         for gradient in AUTODIFF) + ".",
         "Operands: x (R, in), W (out, in), Wt = W^T stored (in, out), dy (R, out); T(.) is a Transpose op of its "
         "own, ^T a MatMul transpose flag (torch: a view). The first orientation of each gemm is the one autodiff "

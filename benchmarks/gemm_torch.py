@@ -1,14 +1,15 @@
-"""The torch side of `gemm`: the same GEMMs, timed with torch on the same shapes, in a process of its own.
+"""The torch side of `gemm`: a process that times torch's GEMMs one call at a time, on request.
 
-    python -m benchmarks.gemm_torch '{"shapes": [[784, 384, 1536]], "warmup": 2, "iters": 9, "threads": 2}'
+    python -m benchmarks.gemm_torch THREADS
 
-prints one JSON line: {"seconds": [[[median, min] s per orientation of `ORIENTATIONS`] per shape], "threads", "torch"}.
-torch and MindSpore never share a process (see `timm_peer`); this module imports no MindSpore.
+reads commands from stdin, one a line, and answers each with one line on stdout:
+`shape R IN OUT WARMUP` (make the operands, run every orientation 1 + WARMUP times; answers the torch version),
+`time I` (run orientation I of `ORIENTATIONS` once; answers its seconds), `quit`. So `gemm` can alternate
+MindSpore's and torch's calls, and the load of a shared machine hits both alike; torch and MindSpore never share a
+process (see `timm_peer`), and this module imports no MindSpore.
 """
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ORIENTATIONS", "measure"]
+__all__ = ["ORIENTATIONS", "serve"]
 
 Operands = dict[str, Any]  # x (R, in), w (out, in), wt (in, out), dy (R, out): torch tensors
 # `gemm.ORIENTATIONS`' labels, in its order, with torch's way of computing each
@@ -41,36 +42,32 @@ def _operands(rows: int, fan_in: int, fan_out: int) -> Operands:
             "dy": torch.from_numpy(rng.standard_normal((rows, fan_out), np.float32))}
 
 
-def measure(shapes: list[tuple[int, int, int]], warmup: int, iters: int) -> list[list[tuple[float, float]]]:
-    """(Median, min) seconds of each orientation per (rows, in, out) shape, the orientations taking turns per round."""
+def serve(threads: int, commands: Any = sys.stdin, answers: Any = sys.stdout) -> None:
+    """Answer `commands` (see the module docstring) until `quit` or their end."""
     import torch
 
-    medians = []
-    with torch.no_grad():
-        for shape in shapes:
-            operands = _operands(*shape)
-            calls = list(ORIENTATIONS.values())
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+    calls = list(ORIENTATIONS.values())
+    operands: Operands = {}
+    for line in commands:
+        command, *args = line.split()
+        if command == "quit":
+            break
+        if command == "shape":
+            rows, fan_in, fan_out, warmup = map(int, args)
+            operands = _operands(rows, fan_in, fan_out)
             for _ in range(1 + warmup):
                 for call in calls:
                     call(operands)
-            seconds: list[list[float]] = [[] for _ in calls]
-            for _ in range(iters):
-                for i, call in enumerate(calls):
-                    start = time.perf_counter()
-                    call(operands)  # CPU tensors: the call returns when the GEMM is done
-                    seconds[i].append(time.perf_counter() - start)
-            medians.append([(statistics.median(s), min(s)) for s in seconds])
-    return medians
-
-
-def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    settings = json.loads((argv or sys.argv[1:])[0])
-    torch.set_num_threads(int(settings["threads"]))
-    seconds = measure([tuple(s) for s in settings["shapes"]], int(settings["warmup"]), int(settings["iters"]))
-    print(json.dumps({"seconds": seconds, "threads": torch.get_num_threads(), "torch": torch.__version__}))
+            answer = f"torch {torch.__version__} on {torch.get_num_threads()} threads"
+        else:
+            call = calls[int(args[0])]
+            start = time.perf_counter()
+            call(operands)  # CPU tensors: the call returns when the GEMM is done
+            answer = repr(time.perf_counter() - start)
+        print(answer, file=answers, flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    serve(int(sys.argv[1]))
