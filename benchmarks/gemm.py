@@ -126,7 +126,7 @@ def linear_shapes(plan_overrides: list[str]) -> list[GemmShape]:
         elif match := re.match(r"layers\.(\d+)\.downsample", name):
             stage = int(match.group(1))  # merges stage i's map into stage i+1's tokens
             rows, layer = batch * (grid >> (stage + 1)) ** 2, f"merging {stage}-{stage + 1}"
-        else:
+        else:  # the head, on the pooled features
             rows, layer = batch, name
         found[(rows, cell.in_channels, cell.out_channels)].append(layer)
     shapes = [GemmShape(*key, tuple(dict.fromkeys(layers)), len(layers)) for key, layers in found.items()]
@@ -168,14 +168,11 @@ class TorchPeer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.process.poll() is None:
-            self._ask_quietly("quit")
-        self.process.wait(timeout=60)
-
-    def _ask_quietly(self, command: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(command + "\n")
+        if self.process.poll() is None:
+            self.process.stdin.write("quit\n")
         self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def time_shape(shape: GemmShape, warmup: int, iters: int,

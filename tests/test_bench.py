@@ -421,6 +421,9 @@ def test_ops_splits_both_steps_kernel_time_into_op_kinds(capsys: pytest.CaptureF
 
 def test_gemm_times_every_linear_shape_in_every_orientation(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.gemm import ORIENTATIONS
+    from benchmarks.gemm_torch import ORIENTATIONS as TORCH_ORIENTATIONS
+
+    assert list(TORCH_ORIENTATIONS) == [o.label for o in ORIENTATIONS]  # the torch process answers by index
 
     assert main(["gemm", *MICRO]) == 0
     ((header, rows),) = tables(capsys.readouterr().out)
