@@ -1,10 +1,12 @@
 """`python -m benchmarks [step] [peers] [memory] [kernels] [data] [loader] [native_distance] [overhead] [chaos]
-[ops] [key=value ...]`: tables.
+[ops] [gemm]
+[key=value ...]`: tables.
 
     python -m benchmarks step peers                         # swin_tiny, batch 4, 224 px, fp32 graph mode
     python -m benchmarks memory                             # peak RSS at batch 16: swinexp, MindCV, timm
     python -m benchmarks kernels                            # memory MindSpore kernels hold, and the steps
     python -m benchmarks ops --batch 8                      # kernel time per op kind: swinexp vs timm (profilers)
+    python -m benchmarks gemm --iters 9                     # each Linear GEMM per orientation: MindSpore vs torch
     python -m benchmarks step --model swin_micro --batch 8 --img-size 64 --iters 5 --warmup 2
     python -m benchmarks step optimizer.lr=1e-4 --variants baseline "all three" "model.qkv=split amp=o2"
     python -m benchmarks step --max-resident 3              # hosts that cannot hold all compiled variants
@@ -26,7 +28,7 @@ from dataclasses import asdict
 from difflib import get_close_matches
 from pathlib import Path
 
-from benchmarks import chaos, data, kernels, loader, memory, native_distance, ops, overhead, peers, step
+from benchmarks import chaos, data, gemm, kernels, loader, memory, native_distance, ops, overhead, peers, step
 from benchmarks.harness import compose, configure_device, quiet_cell_teardown, release_compiled
 from benchmarks.host import NotEnoughMemory
 from benchmarks.options import Options
@@ -38,7 +40,7 @@ from swinexp.registry import ConfigError
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
     "step": step.run, "peers": peers.run, "memory": memory.run, "kernels": kernels.run, "data": data.run,
     "loader": loader.run, "native_distance": native_distance.run, "overhead": overhead.run, "chaos": chaos.run,
-    "ops": ops.run}
+    "ops": ops.run, "gemm": gemm.run}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -420,6 +420,30 @@ def test_ops_splits_both_steps_kernel_time_into_op_kinds(capsys: pytest.CaptureF
     assert re.search(r"swinexp per part of the model.*stage 0 \d+\.\d.*stage 1 \d+\.\d", out)
 
 
+def test_gemm_times_every_linear_shape_in_every_orientation(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.gemm import ORIENTATIONS
+    from benchmarks.gemm_torch import ORIENTATIONS as TORCH_ORIENTATIONS
+
+    assert list(TORCH_ORIENTATIONS) == [o.label for o in ORIENTATIONS]  # the torch process answers by index
+
+    assert main(["gemm", *MICRO]) == 0
+    ((header, rows),) = tables(capsys.readouterr().out)
+    by_layer = {row[0]: row[1] for row in rows}
+    # batch 2 x (32 px / patch 4)^2 tokens in stage 0, a quarter of them after the merging; the head sees the batch
+    assert by_layer["stage 0 qkv (1)"] == "128 x 16 -> 48" and by_layer["merging 0-1 (1)"] == "32 x 64 -> 32"
+    assert by_layer["head (1)"] == "2 x 32 -> 10"
+    assert len(rows) == len(by_layer) * len(ORIENTATIONS)
+    torch_columns = ("torch median (ms)", "torch min (ms)") if "torch min (ms)" in header else ()  # torch installed
+    for row in rows:
+        median, best, speed, *theirs = numbers(header, row, ("MindSpore median (ms)", "MindSpore min (ms)",
+                                                             "MindSpore GFLOP/s (min)", *torch_columns))
+        rows_, fan_in, fan_out = map(int, re.findall(r"\d+", row[1]))
+        assert 0 < best <= median and all(v > 0 for v in theirs), row
+        assert speed == pytest.approx(rows_ * fan_in * fan_out / best / 1e6, rel=0.01, abs=0.05), row
+    firsts = [row for row in rows if row[3] in {"y = x W^T", "dx = dy W", "dW = dy^T x"}]
+    assert {row[header.index("vs autodiff (median)")] for row in firsts} == {"1.00"}  # each gemm's reference
+
+
 @pytest.mark.parametrize("op_type,scope,in_optimizer,kind", [
     ("MatMul", "Default/model-SwinTransformer/layers-CellList/0-BasicLayer/blocks-CellList/0-SwinTransformerBlock/"
                "mlp-Mlp/fc1-Linear/MatMul-op0", False, ops.GEMM),
