@@ -122,6 +122,7 @@ def run(opts: Options) -> BenchResult:
               f"steady step = {epoch_s:.1f} s (evaluation and checkpointing not included)."),
              f"{len(params)} params; MLflow store: SQLite in a temporary folder, through "
              "swinexp.tracking.MlflowTracker.",
+             "First train step: " + ", ".join(sorted({f"{s['first_step_work']}" for s in stamps})) + ".",
              f"1-minute load average: {loads[0]:.1f} before, {loads[1]:.1f} after.")
     columns = ("phase", "median", "min", "max", "unit")
     return BenchResult("overhead", Table(title, columns, tuple(rows), notes), metrics)

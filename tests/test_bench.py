@@ -2,6 +2,7 @@
 well-formed table; the pure parts (variants, groups, worker argv, ratios) are checked without timing anything."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -288,6 +289,20 @@ def test_overhead_times_startup_phases_and_mlflow(tmp_path: Path, capsys: pytest
     assert "process start to first step done" in names and any(n.startswith("MLflow: log_metrics") for n in names)
     for row in rows:
         assert all(v >= 0 for v in numbers(header, row, ("median", "min", "max"))), row
+
+
+def test_overhead_with_the_compile_cache_fills_it_then_loads_it(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    cache = tmp_path / "cache"
+    args = ["overhead", *MICRO, "data.num_train=16", "data.num_val=10", f"data.root={tmp_path / 'data'}",
+            "hardware.compile_cache=true", f"hardware.compile_cache_dir={cache}"]
+    assert main(args) == 0  # no warm-up: this process compiles, and publishes its graphs on exit
+    assert "First train step: compiling the train step." in capsys.readouterr().out
+    (published,) = list(cache.iterdir())
+    assert json.loads((published / "graphs.json").read_text()) == ["the train step"]
+    assert main(args) == 0
+    assert "First train step: loading the train step from the compile cache." in capsys.readouterr().out
+    assert list(cache.iterdir()) == [published]
 
 
 def test_mlflow_run_holds_the_figures_and_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
