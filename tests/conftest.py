@@ -1,6 +1,10 @@
 """Shared fixtures: compose the real config with smoke overrides, a session-wide synthetic dataset."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +20,7 @@ from tests import leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
+CACHE_HOME_ENV = "SWINEXP_TEST_CACHE_HOME"
 
 # A real command line a developer can run too: `python run.py <these>`.
 SMOKE = ["model=swin_micro", "data=synthetic", "data.num_train=96", "data.num_val=40", "data.img_size=32",
@@ -24,6 +29,18 @@ SMOKE = ["model=swin_micro", "data=synthetic", "data.num_train=96", "data.num_va
 
 def pytest_configure(config: pytest.Config) -> None:
     leftovers.register(config)  # a test whose processes outlive it errors (tests/leftovers.py)
+    _session_cache_home()
+
+
+def _session_cache_home() -> None:
+    """The compile caches of the runs tests start (hardware.compile_cache is on by default) in one directory of
+    this test session, removed at its end: never the developer's ~/.cache, whose graphs would make a test's first
+    step load where it expects a compile."""
+    if CACHE_HOME_ENV not in os.environ:  # the session's first process; xdist workers and subprocesses inherit it
+        home = tempfile.mkdtemp(prefix="swinexp-test-cache-")
+        os.environ[CACHE_HOME_ENV] = home
+        atexit.register(shutil.rmtree, home, True)
+    os.environ["XDG_CACHE_HOME"] = os.environ[CACHE_HOME_ENV]
 
 
 @pytest.fixture(scope="session")
