@@ -1,8 +1,15 @@
 """Robust image decoding: any PIL-readable file, identified by content, to 8-bit RGB."""
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 import numpy as np
 from PIL import Image
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # what PIL raises for unreadable, truncated or hostile files (UnidentifiedImageError is an OSError)
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
@@ -27,3 +34,21 @@ def load_rgb(path: str) -> Image.Image:
         if img.mode == "P" and "transparency" in img.info:
             img = img.convert("RGBA")  # PIL warns when palette transparency goes straight to RGB
         return img.convert("RGB")
+
+
+def read_in_slot(samples: Sequence[tuple[str, int]], i: int, read: Callable[[str], T]) -> tuple[T, int, bool]:
+    """`read` of sample i's file, or, when it raises one of DECODE_ERRORS, of the next readable sample's: (what
+    `read` returned, that sample's label, whether a file was skipped). Each skipped file is logged by name.
+
+    Raises:
+        RuntimeError: MAX_CONSECUTIVE_SKIPS files in a row are unreadable (a broken dataset).
+    """
+    for attempt in range(min(MAX_CONSECUTIVE_SKIPS, len(samples))):
+        path, label = samples[(i + attempt) % len(samples)]
+        try:
+            return read(path), label, attempt > 0
+        except DECODE_ERRORS as err:
+            log.warning("skipping unreadable image '%s' (%s: %s); using the next sample", path, type(err).__name__,
+                        err)
+    raise RuntimeError(f"{MAX_CONSECUTIVE_SKIPS} consecutive unreadable images starting at '{samples[i][0]}'; "
+                       "check the files under data.root")

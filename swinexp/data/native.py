@@ -26,7 +26,6 @@ What differs from timm on the native path (`python -m benchmarks native_distance
 from __future__ import annotations
 
 import io
-import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -38,14 +37,13 @@ import numpy as np
 from PIL import Image
 
 from swinexp.data.auto_augment import AugMix, AutoAugment, RandAugment
-from swinexp.data.decode import DECODE_ERRORS, MAX_CONSECUTIVE_SKIPS
+from swinexp.data.decode import DECODE_ERRORS, read_in_slot
 from swinexp.data.erasing import RandomErasing
 from swinexp.data.factory import TrainTransform
 from swinexp.data.folder import Sample
 from swinexp.data.transforms import ColorJitter, EvalTransform
 from swinexp.registry import ConfigError
 
-log = logging.getLogger(__name__)
 INTERPOLATIONS = {"bicubic": vision.Inter.BICUBIC, "bilinear": vision.Inter.BILINEAR,
                   "nearest": vision.Inter.NEAREST}
 MAGNITUDE_BINS = 31  # torchvision's RandAugment default: bin b of 31 is b/30 of each op's range (timm: m/10)
@@ -179,20 +177,20 @@ class EncodedSource:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
         epoch, i = divmod(int(index), len(self.samples))
-        for attempt in range(min(MAX_CONSECUTIVE_SKIPS, len(self.samples))):
-            path, label = self.samples[(i + attempt) % len(self.samples)]
-            data = np.fromfile(path, np.uint8)
-            if problem := encoded_problem(data):
-                log.warning("skipping unreadable image '%s' (%s); using the next sample", path, problem)
-                continue
-            row = (data, np.int32(label), np.int64(index), np.int32(attempt > 0))
-            if self.erasing is None:
-                return row
-            rng = np.random.default_rng([self.seed, epoch, i])
-            draws = self.erasing.draw((3, self.img_size, self.img_size), rng)
-            return (*row, draws.boxes, draws.colours, draws.keys)
-        raise RuntimeError(f"{MAX_CONSECUTIVE_SKIPS} consecutive unreadable images starting at "
-                           f"'{self.samples[i][0]}'; check the files under data.root")
+        data, label, skipped = read_in_slot(self.samples, i, _encoded_bytes)
+        row = (data, np.int32(label), np.int64(index), np.int32(skipped))
+        if self.erasing is None:
+            return row
+        draws = self.erasing.draw((3, self.img_size, self.img_size), np.random.default_rng([self.seed, epoch, i]))
+        return (*row, draws.boxes, draws.colours, draws.keys)
+
+
+def _encoded_bytes(path: str) -> np.ndarray:
+    """The file's bytes, or ValueError when `encoded_problem` finds them unreadable for Decode."""
+    data = np.fromfile(path, np.uint8)
+    if problem := encoded_problem(data):
+        raise ValueError(problem)
+    return data
 
 
 def native_dataset(source: EncodedSource, columns: list[str], sampler: Any, workers: int, batch_size: int,

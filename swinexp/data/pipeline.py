@@ -13,7 +13,7 @@ from mindspore import Tensor
 
 from swinexp.data.batches import BatchKeys, BatchSource, batch_count
 from swinexp.data.datasets import DataSpec
-from swinexp.data.decode import DECODE_ERRORS, MAX_CONSECUTIVE_SKIPS, load_rgb
+from swinexp.data.decode import load_rgb, read_in_slot
 from swinexp.data.erasing import RandomErasing
 from swinexp.data.folder import Sample
 from swinexp.data.mixup import Mixup
@@ -93,23 +93,14 @@ class DecodeTransform:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
         epoch, i = divmod(int(index), len(self.samples))
-        for attempt in range(min(MAX_CONSECUTIVE_SKIPS, len(self.samples))):
-            path, label = self.samples[(i + attempt) % len(self.samples)]
-            try:
-                rgb = load_rgb(path)
-            except DECODE_ERRORS as err:
-                log.warning("skipping unreadable image '%s' (%s: %s); using the next sample", path,
-                            type(err).__name__, err)
-                continue
-            rng = np.random.default_rng([self.seed, epoch, i])
-            pixels = self.transform.pixels(rgb, rng)
-            row = (pixels, np.int32(label), np.int64(index), np.int32(attempt > 0))
-            if self.erasing is None:
-                return row
-            draws = self.erasing.draw((pixels.shape[2], *pixels.shape[:2]), rng)
-            return (*row, draws.boxes, draws.colours, draws.keys)
-        raise RuntimeError(f"{MAX_CONSECUTIVE_SKIPS} consecutive unreadable images starting at "
-                           f"'{self.samples[i][0]}'; check the files under data.root")
+        rgb, label, skipped = read_in_slot(self.samples, i, load_rgb)
+        rng = np.random.default_rng([self.seed, epoch, i])
+        pixels = self.transform.pixels(rgb, rng)
+        row = (pixels, np.int32(label), np.int64(index), np.int32(skipped))
+        if self.erasing is None:
+            return row
+        draws = self.erasing.draw((pixels.shape[2], *pixels.shape[:2]), rng)
+        return (*row, draws.boxes, draws.colours, draws.keys)
 
 
 COLUMNS = ["image", "label", "index", "skipped"]
