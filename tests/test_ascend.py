@@ -132,25 +132,39 @@ def test_o0_refuses_a_mode_that_computes_fp32_in_fp16() -> None:
         == "allow_mix_precision"  # an fp16 policy may ask for CANN's own mixing, as a deliberate ablation
 
 
-def test_training_checking_and_serving_a_run_set_its_precision_mode(compose: Callable[..., DictConfig],
-                                                                    monkeypatch: pytest.MonkeyPatch,
-                                                                    tmp_path: Path) -> None:
-    """Parity, evaluate/export/predict and the self-check configure the device as the run did: a lowering mode the
-    run asked for (or keep-origin for o0) — not the default, which would check or serve other numbers on a card."""
-    from swinexp.parity import __main__ as parity_cli
-    from swinexp.serve.saved_run import SavedRun, setup
+OVERRIDES = ("amp=o2", "amp.ascend_precision_mode=allow_mix_precision", "trainer.deterministic=true")
 
+
+@pytest.fixture
+def device_setups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool, str]]:
+    """What each hardware.apply call was given: (devices, deterministic, Ascend precision mode)."""
     seen: list[tuple[int, bool, str]] = []
     monkeypatch.setattr(hardware, "apply", lambda hw, seed, deterministic=False, precision_mode="?":
                         seen.append((hw.num_devices, deterministic, precision_mode)))
-    overrides = ("amp=o2", "amp.ascend_precision_mode=allow_mix_precision", "trainer.deterministic=true")
-    plan = resolve(compose(*overrides))
-    setup(SavedRun(plan, tmp_path / "last.ckpt", None))
-    assert seen.pop() == (1, True, "allow_mix_precision")
+    return seen
+
+
+def test_serving_a_run_sets_its_precision_mode(compose: Callable[..., DictConfig], tmp_path: Path,
+                                               device_setups: list[tuple[int, bool, str]]) -> None:
+    """evaluate/export/predict configure the device as the run did: a lowering mode the run asked for (or
+    keep-origin for o0) — not the default, which would serve other numbers on a card."""
+    from swinexp.serve.saved_run import SavedRun, setup
+
+    setup(SavedRun(resolve(compose(*OVERRIDES)), tmp_path / "last.ckpt", None))
+    assert device_setups == [(1, True, "allow_mix_precision")]
+
+
+def test_checking_a_run_sets_its_precision_mode(monkeypatch: pytest.MonkeyPatch,
+                                                device_setups: list[tuple[int, bool, str]]) -> None:
+    """Parity configures the device as the run did (it imports torch and timm before anything else)."""
+    pytest.importorskip("torch", reason="the reference extra (torch + timm) is not installed")
+    pytest.importorskip("timm", reason="the reference extra (torch + timm) is not installed")
+    from swinexp.parity import __main__ as parity_cli
+
     monkeypatch.setattr(parity_cli, "open_tracker", lambda *a: (_ for _ in ()).throw(ConfigError("stop here")))
     with pytest.raises(SystemExit):
-        parity_cli.main(["--steps", "1", *overrides, "tracking=none"])
-    assert seen.pop() == (1, True, "allow_mix_precision")
+        parity_cli.main(["--steps", "1", *OVERRIDES, "tracking=none"])
+    assert device_setups == [(1, True, "allow_mix_precision")]
 
 
 def test_the_precision_mode_is_set_and_a_second_value_is_refused() -> None:
