@@ -20,6 +20,7 @@ from swinexp.data.native import native_of
 from swinexp.data.pipeline import EpochSampler
 from swinexp.data.transforms import EvalTransform
 from swinexp.engine.experiment import Experiment
+from swinexp.models import fused_cpu
 from swinexp.models.swin import check_resolution
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, ConfigError, import_modules
@@ -51,6 +52,7 @@ def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
     check_data_args(_data_and_augment(plan)[0])
     check_native_recipe(plan)
     model = plan.section("model")
+    check_kernels_on_hardware(model.get("kernels"), plan.hardware, compiler=backend)
     if {"img_size", "patch_size", "window_size", "depths"} <= model.keys():  # a Swin: its maps must fit the image
         try:
             check_resolution(model["img_size"], model["patch_size"], model["window_size"], len(model["depths"]))
@@ -163,6 +165,18 @@ def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:
     if hw.chip == overflow.FIRST_GENERATION and amp.dtype == ms.bfloat16:
         raise ConfigError(f"amp.dtype=bfloat16 but hardware.chip={hw.chip} (the first-generation Ascend 910) has no "
                           "bfloat16 kernels; use amp.dtype=float16 there, or hardware.chip=ascend910b on a 910B")
+
+
+def check_kernels_on_hardware(kernels: str | None, hw: HardwareCfg, compiler: bool = True) -> None:
+    """model.kernels=fused_cpu runs C++ kernels on the host: refused for a card, and without a compiler to build them
+    (`compiler`: checked where the run will start, not for a dry run)."""
+    if kernels != "fused_cpu":
+        return
+    if hw.device_target != "CPU":
+        raise ConfigError(f"model.kernels=fused_cpu computes on the CPU, but hardware.device_target="
+                          f"{hw.device_target}: use model.kernels=mindspore there (the GPU and Ascend formulations do)")
+    if compiler:
+        fused_cpu.check_compiler()
 
 
 def total_batch_size(plan: Plan, batch_size: int) -> int:

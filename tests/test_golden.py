@@ -85,6 +85,8 @@ FORMULATIONS += [{"qkv": "split", "patch_merging": "reshape", "rel_pos_bias": "g
 # back to ops.transpose)
 FORMULATIONS += [{"qkv": "fused_split", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
                   "permute": "gather", "patch_embed": "matmul"},
+                 {"qkv": "fused_split", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
+                  "permute": "gather", "patch_embed": "matmul", "kernels": "fused_cpu"},
                  {"qkv": "fused", "patch_merging": "reshape", "rel_pos_bias": "gather", "custom_bprop": True,
                   "permute": "gather"}]
 

@@ -11,7 +11,7 @@ import pytest
 from mindspore import Tensor
 from omegaconf import OmegaConf
 
-from swinexp.models import MODELS, SWIN_SIZES, SwinTransformer
+from swinexp.models import MODELS, SWIN_SIZES, SwinTransformer, fused_cpu
 from swinexp.models.convert import fuse_qkv, split_qkv
 from swinexp.models.factory import create_model, model_defaults
 from swinexp.models.kernels import AddBroadcast, ExactGELU, LastAxisLayerNorm, LastAxisSoftmax, Permute
@@ -354,6 +354,35 @@ def test_switch_combination_computes_the_official_function(
         assert np.abs(gp[name] - ref).max() <= 1e-4 * np.abs(ref).max() + 1e-12, name
 
 
+@pytest.mark.skipif(fused_cpu.compiler() is None, reason="no C++ compiler to build the fused kernels")
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])
+@pytest.mark.parametrize("formulation", [SWITCHES[0], SWITCHES[-1]], ids=["official", "cpu"])
+def test_fused_cpu_kernels_compute_the_official_function(
+    official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+    formulation: tuple, mode: int,
+) -> None:
+    """model.kernels=fused_cpu swaps GELU, LayerNorm and softmax for the C++ kernels; logits and gradients stay the
+    official ones."""
+    x, state, (ref_out, ref_gx, ref_gp) = official_layout
+    qkv, merging, bias, custom_bprop, permute = formulation
+    model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute,
+                  patch_embed="matmul", kernels="fused_cpu")
+    kinds = {ExactGELU: fused_cpu.FusedGeluFn, LastAxisLayerNorm: fused_cpu.FusedLayerNormFn,
+             LastAxisSoftmax: fused_cpu.FusedSoftmaxFn}
+    cells = [(cell, kinds[type(cell)]) for _, cell in model.cells_and_names() if type(cell) in kinds]
+    assert {type(cell) for cell, _ in cells} == set(kinds) and all(isinstance(c.fused, f) for c, f in cells)
+    load_state(model, state)
+    ms.set_context(mode=mode)
+    try:
+        out, gx, gp = outputs_and_grads(model, x)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert np.abs(out - ref_out).max() < 1e-5
+    assert np.abs(gx - ref_gx).max() <= 1e-4 * np.abs(ref_gx).max()
+    for name, ref in ref_gp.items():
+        assert np.abs(gp[name] - ref).max() <= 1e-4 * np.abs(ref).max() + 1e-12, name
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [
@@ -367,6 +396,7 @@ def test_switch_combination_computes_the_official_function(
         (dict(rel_pos_bias="table"), "choose one of: gather, onehot"),
         (dict(permute="swap"), "model.permute='swap' is not a known option; choose one of: transpose, mint, gather"),
         (dict(patch_embed="unfold"), "model.patch_embed='unfold' is not a known option; choose one of: conv, matmul"),
+        (dict(kernels="avx"), "model.kernels='avx' is not a known option; choose one of: mindspore, fused_cpu"),
         (dict(depths="22"), "model.depths='22'"),
         (dict(depths=(2, 2, 2)), "model.depths=[2, 2, 2] and model.num_heads=[2, 4]"),
         (dict(drop_path_rate=1.0), "model.drop_path_rate=1.0"),

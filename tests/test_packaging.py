@@ -136,9 +136,11 @@ def test_wheel_create_model_imports_key_and_weights_cli(installed: dict[str, Pat
             "with initialize_config_dir(version_base='1.3', config_dir=str(CONF_DIR)):\n"
             "    cfg = compose('config', ['imports=[user_pico]', 'model.name=swin_pico'])\n"
             "pico = build_model(resolve(cfg))\n"
+            "fused = [c.fused is not None for _, c in pico.cells_and_names() if type(c).__name__ == 'ExactGELU']\n"
             "count = lambda m: sum(p.size for p in m.trainable_params())\n"
-            "print(json.dumps([count(micro), count(nano), type(nano).__module__, before, count(pico)]))")
-    micro, nano, module, pico_before, pico = json.loads(_run(installed, "-c", code).stdout.splitlines()[-1])
+            "print(json.dumps([count(micro), count(nano), type(nano).__module__, before, count(pico), fused]))")
+    micro, nano, module, pico_before, pico, fused = json.loads(_run(installed, "-c", code).stdout.splitlines()[-1])
+    assert fused and all(fused)  # the CPU formulation's C++ GELU, compiled from the wheel's fused_cpu.cc
     assert micro == sum(p.size for p in create_model("swin_micro", num_classes=10).trainable_params())
     assert 0 < nano < micro and module == "swinexp.models.swin"
     assert not pico_before and pico == micro  # registered by `imports:`, built from conf/model/swin_micro.yaml keys

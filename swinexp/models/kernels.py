@@ -11,6 +11,8 @@ import numpy as np
 from mindspore import Tensor, mint, nn, ops
 from mindspore.ops.primitive import constexpr
 
+from swinexp.models import fused_cpu
+
 __all__ = [
     "PERMUTE_MODES",
     "AddBroadcast",
@@ -127,21 +129,28 @@ class _GeluFn(_FnCell):
 
 
 class ExactGELU(nn.GELU):
-    """Exact (erf) GELU, as PyTorch's default `nn.GELU()` of the official code; optionally `_GeluFn`'s backward.
+    """Exact (erf) GELU, as PyTorch's default `nn.GELU()` of the official code; optionally `_GeluFn`'s backward or
+    the fused CPU kernel.
 
     A subclass of `nn.GELU`, so AMP cell lists that name `GELU` still apply.
 
     Args:
         custom_bprop: Use `_GeluFn` (forward as torch's formula, backward Phi + x*phi) instead of autodiff of
             MindSpore's `gelu(approximate='none')`.
+        fused: Compute float32 inputs with `fused_cpu.FusedGeluFn` (one C++ pass each way; model.kernels=fused_cpu);
+            other dtypes (an fp16 amp policy) take the path `custom_bprop` chooses.
     """
 
-    def __init__(self, custom_bprop: bool = False) -> None:
+    def __init__(self, custom_bprop: bool = False, fused: bool = False) -> None:
         super().__init__(approximate=False)
         self.fn = _GeluFn() if custom_bprop else None
+        self.fused = fused_cpu.FusedGeluFn() if fused else None
+        self.fused_dtype = fused_cpu.DTYPE
 
     def construct(self, x: Tensor) -> Tensor:
         # no super().construct: MindSpore's O1 rewrite copies construct into a subclass, where super() recurses
+        if self.fused is not None and x.dtype == self.fused_dtype:
+            return self.fused(x)
         if self.fn is None:
             return ops.gelu(x, approximate="none")
         return self.fn(x)[0]
@@ -164,19 +173,25 @@ class _SoftmaxFn(_FnCell):
 
 
 class LastAxisSoftmax(nn.Softmax):
-    """`nn.Softmax` over the last axis; optionally with `_SoftmaxFn`'s backward.
+    """`nn.Softmax` over the last axis; optionally with `_SoftmaxFn`'s backward or the fused CPU one.
 
     A subclass of `nn.Softmax`, so AMP cell lists that name `Softmax` still apply.
 
     Args:
         custom_bprop: Use `_SoftmaxFn` instead of autodiff of the Softmax primitive.
+        fused: Float32 inputs take `fused_cpu.FusedSoftmaxFn` (its backward one C++ pass per row;
+            model.kernels=fused_cpu); other dtypes the path `custom_bprop` chooses.
     """
 
-    def __init__(self, custom_bprop: bool = False) -> None:
+    def __init__(self, custom_bprop: bool = False, fused: bool = False) -> None:
         super().__init__(axis=-1)
         self.fn = _SoftmaxFn() if custom_bprop else None
+        self.fused = fused_cpu.FusedSoftmaxFn() if fused else None
+        self.fused_dtype = fused_cpu.DTYPE
 
     def construct(self, x: Tensor) -> Tensor:
+        if self.fused is not None and x.dtype == self.fused_dtype:
+            return self.fused(x)
         if self.fn is None:  # no super().construct (see ExactGELU)
             return self.softmax(x)
         return self.fn(x)
@@ -287,19 +302,25 @@ class LastAxisLayerNorm(nn.LayerNorm):
         custom_bprop: Use `_LayerNormFn` (the LayerNorm primitive with a hand-written backward of MatMul sums
             and broadcasts) instead of autodiff's LayerNormGrad.
         epsilon: Added to the variance.
+        fused: Float32 inputs take `fused_cpu.FusedLayerNormFn` (its backward one C++ pass per row;
+            model.kernels=fused_cpu); other dtypes the path `custom_bprop` chooses.
     """
 
-    def __init__(self, width: int, custom_bprop: bool = False, epsilon: float = 1e-5) -> None:
+    def __init__(self, width: int, custom_bprop: bool = False, epsilon: float = 1e-5, fused: bool = False) -> None:
         super().__init__((width,), epsilon=epsilon)
         self.fn = _LayerNormFn(epsilon) if custom_bprop else None
+        self.fused = fused_cpu.FusedLayerNormFn(epsilon) if fused else None
+        self.fused_dtype = fused_cpu.DTYPE
 
     def construct(self, x: Tensor) -> Tensor:
         # as nn.LayerNorm: parameters cast to the input's dtype (so amp o3 normalises in fp16, and the cast's
         # autodiff returns the fp32 parameters' gradients in fp32); no super().construct (see ExactGELU)
         gamma, beta = ops.cast(self.gamma, x.dtype), ops.cast(self.beta, x.dtype)
+        shape = x.shape
+        if self.fused is not None and x.dtype == self.fused_dtype:
+            return ops.reshape(self.fused(ops.reshape(x, (-1, shape[-1])), gamma, beta)[0], shape)
         if self.fn is None:
             return self.layer_norm(x, gamma, beta)[0]
-        shape = x.shape
         return ops.reshape(self.fn(ops.reshape(x, (-1, shape[-1])), gamma, beta)[0], shape)
 
 

@@ -348,12 +348,14 @@ class Mlp(nn.Cell):
         hidden_features: Width of the hidden layer (dim * mlp_ratio in Swin).
         drop: Dropout rate after the activation and after fc2.
         custom_bprop: Hand-written backward passes for the Dense biases and GELU (see `Linear`, `ExactGELU`).
+        fused: GELU as the fused CPU kernel (`ExactGELU`'s `fused`).
     """
 
-    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0, custom_bprop: bool = False) -> None:
+    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0, custom_bprop: bool = False,
+                 fused: bool = False) -> None:
         super().__init__()
         self.fc1 = dense(in_features, hidden_features, custom_bprop=custom_bprop)
-        self.act = ExactGELU(custom_bprop)
+        self.act = ExactGELU(custom_bprop, fused)
         self.fc2 = dense(hidden_features, in_features, custom_bprop=custom_bprop)
         self.drop1 = KeyedDropout(drop)
         self.drop2 = KeyedDropout(drop)
@@ -421,10 +423,12 @@ class PatchEmbed(nn.Cell):
         permute_mode: The permutation kernel, one of PERMUTE_MODES.
         custom_bprop: `LastAxisLayerNorm`'s hand-written LayerNorm (and `PatchMatMul`'s bias gradient).
         kernel: One of PATCH_EMBED_MODES: "conv" is `nn.Conv2d` (the official), "matmul" `PatchMatMul`.
+        fused: The LayerNorm's fused CPU backward (`LastAxisLayerNorm`'s `fused`).
     """
 
     def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, patch_norm: bool,
-                 permute_mode: str = "transpose", custom_bprop: bool = False, kernel: str = "conv") -> None:
+                 permute_mode: str = "transpose", custom_bprop: bool = False, kernel: str = "conv",
+                 fused: bool = False) -> None:
         super().__init__()
         self.reorder = Permute(permute_mode) if kernel == "conv" else None  # PatchMatMul returns tokens
         self.img_size = img_size
@@ -438,7 +442,7 @@ class PatchEmbed(nn.Cell):
             self.proj = nn.Conv2d(
                 in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, pad_mode="valid", has_bias=True
             )
-        self.norm = LastAxisLayerNorm(embed_dim, custom_bprop) if patch_norm else None
+        self.norm = LastAxisLayerNorm(embed_dim, custom_bprop, fused=fused) if patch_norm else None
 
     def construct(self, x: Tensor) -> Tensor:
         x = self.proj(x)  # conv: (B, C, H/p, W/p); matmul: already (B, H/p*W/p, C)

@@ -12,7 +12,7 @@ Three switches select equivalent formulations of the same function (the ablation
 - `patch_merging`: `slice` (strided slices + concat; official), `reshape` (reshape + transpose + reshape).
 - `rel_pos_bias`: `gather` (index the table; official), `onehot` (constant one-hot matrix @ table).
 
-Three more keep the computation and change its kernels:
+Four more keep the computation and change its kernels:
 
 - `custom_bprop`: hand-written backward passes for GELU, softmax, LayerNorm and the bias adds (kernels.py) instead
   of MindSpore's autodiff kernels, which are slow on CPU.
@@ -21,6 +21,8 @@ Three more keep the computation and change its kernels:
   buffers for the graph's life, the second is slow, the third neither (kernels.py `Permute`, BENCHMARKS.md).
 - `patch_embed`: `conv` (`nn.Conv2d`; official) or `matmul` (the patches as rows of one MatMul, `PatchMatMul`): on
   CPU MindSpore's Conv2D runs this conv ~50x slower than the MatMul (BENCHMARKS.md).
+- `kernels`: `mindspore` (its primitives) or `fused_cpu` (GELU, and LayerNorm's and softmax's backward, as C++
+  passes where MindSpore's CPU backend runs chains of elementwise kernels and a slow `Erf`: fused_cpu.py).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
+from swinexp.models.fused_cpu import KERNEL_MODES
 from swinexp.models.kernels import (
     PERMUTE_MODES,
     AddBroadcast,
@@ -88,10 +91,16 @@ class Formulation:
     custom_bprop: bool = False
     permute: str = "transpose"
     patch_embed: str = "conv"
+    kernels: str = "mindspore"
+
+    @property
+    def fused_cpu(self) -> bool:
+        """The C++ kernels of fused_cpu.py for GELU, LayerNorm and softmax (`kernels="fused_cpu"`)."""
+        return self.kernels == "fused_cpu"
 
     def __post_init__(self) -> None:
         modes = {"qkv": QKV_MODES, "patch_merging": MERGING_MODES, "rel_pos_bias": REL_POS_BIAS_MODES,
-                 "permute": PERMUTE_MODES, "patch_embed": PATCH_EMBED_MODES}
+                 "permute": PERMUTE_MODES, "patch_embed": PATCH_EMBED_MODES, "kernels": KERNEL_MODES}
         for key, allowed in modes.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} is not a known option; choose one of: "
@@ -161,7 +170,8 @@ class WindowAttention(nn.Cell):
         self.attn_drop = KeyedDropout(attn_drop)
         self.proj = dense(dim, dim, custom_bprop=custom_bprop)
         self.proj_drop = KeyedDropout(proj_drop)
-        self.softmax = LastAxisSoftmax(custom_bprop)  # a cell, so AMP cell lists (keep softmax in fp32) can reach it
+        # a cell, so AMP cell lists (keep softmax in fp32) can reach it
+        self.softmax = LastAxisSoftmax(custom_bprop, formulation.fused_cpu)
         self.add_bias = AddBroadcast() if custom_bprop else None
         # BatchMatMul primitives, not ops.matmul: the functional form differentiates through explicit Transposes
         # (four per block), the primitive through BatchMatMuls with transpose flags; q @ k^T needs no k^T either
@@ -271,13 +281,13 @@ class SwinTransformerBlock(nn.Cell):
         self.path_row, self.key_row = 2 * index, 1 + 4 * index
         self.window_size, self.shift_size = stage_windows(input_resolution, window_size, shift_size)
         self.windows = TokenWindows(input_resolution, self.window_size, self.shift_size, formulation.permute)
-        self.norm1 = LastAxisLayerNorm(dim, custom_bprop)
+        self.norm1 = LastAxisLayerNorm(dim, custom_bprop, fused=formulation.fused_cpu)
         self.attn = WindowAttention(dim, self.window_size, num_heads, qkv_bias, attn_drop, drop, formulation)
         # timm's drop_path1 / drop_path2: one cell per branch, fed its own row of draws
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else None
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else None
-        self.norm2 = LastAxisLayerNorm(dim, custom_bprop)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop, custom_bprop)
+        self.norm2 = LastAxisLayerNorm(dim, custom_bprop, fused=formulation.fused_cpu)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop, custom_bprop, fused=formulation.fused_cpu)
         if self.shift_size > 0:
             mask = shifted_window_mask(input_resolution, input_resolution, self.window_size, self.shift_size)
             self.attn_mask = Tensor(mask[None, :, None])  # (1, nW, 1, N, N), broadcasts over batch and heads
@@ -371,7 +381,7 @@ class PatchMerging(nn.Cell):
         self.dim = dim
         self.mode = formulation.patch_merging
         self.reduction = dense(4 * dim, 2 * dim, has_bias=False)
-        self.norm = LastAxisLayerNorm(4 * dim, formulation.custom_bprop)
+        self.norm = LastAxisLayerNorm(4 * dim, formulation.custom_bprop, fused=formulation.fused_cpu)
 
     def construct(self, x: Tensor) -> Tensor:
         r = self.input_resolution
@@ -480,6 +490,8 @@ class SwinTransformer(nn.Cell):
             kernels.py.
         permute: Permutation kernel, one of "transpose" (`ops.transpose`), "mint" (`mint.permute`), "gather" (rows).
         patch_embed: Patch embedding kernel, one of "conv" (`nn.Conv2d`), "matmul" (`layers.PatchMatMul`).
+        kernels: "mindspore" (MindSpore's primitives) or "fused_cpu" (GELU as one C++ pass each way, LayerNorm's and
+            softmax's backward as one pass per row, compiled on first use: fused_cpu.py; CPU only, float32).
 
     Raises:
         ConfigError: If the arguments cannot build the official architecture; the message names the key.
@@ -508,11 +520,12 @@ class SwinTransformer(nn.Cell):
         custom_bprop: bool = False,
         permute: str = "transpose",
         patch_embed: str = "conv",
+        kernels: str = "mindspore",
     ) -> None:
         super().__init__()
         depths, num_heads = _int_tuple("depths", depths), _int_tuple("num_heads", num_heads)
         self.formulation = formulation = Formulation(qkv, patch_merging, rel_pos_bias, custom_bprop, permute,
-                                                     patch_embed)
+                                                     patch_embed, kernels)
         _validate(
             img_size, patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size, mlp_ratio,
             {"drop_rate": drop_rate, "attn_drop_rate": attn_drop_rate, "drop_path_rate": drop_path_rate},
@@ -524,7 +537,7 @@ class SwinTransformer(nn.Cell):
         self.num_features = embed_dim * 2 ** (self.num_layers - 1)
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop,
-                                      patch_embed)
+                                      patch_embed, fused=formulation.fused_cpu)
         resolution = self.patch_embed.patches_resolution
         if ape:
             self.absolute_pos_embed = Parameter(
@@ -558,7 +571,7 @@ class SwinTransformer(nn.Cell):
         self.random_sites = RandomSites(
             drop_path_rates=tuple(rate for rate in dpr for _ in range(2)),
             dropout_rates=(drop_rate, *(attn_drop_rate, drop_rate, drop_rate, drop_rate) * len(dpr)))
-        self.norm = LastAxisLayerNorm(self.num_features, custom_bprop)
+        self.norm = LastAxisLayerNorm(self.num_features, custom_bprop, fused=formulation.fused_cpu)
         self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
                      else nn.Identity())
 

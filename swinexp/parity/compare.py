@@ -228,7 +228,8 @@ def check(plan: Plan, tracker: Tracker, steps: int = 5, locate: bool = False, to
     trainer = exp.trainer
     header = [(f"parity: swinexp ({exp.amp.level}, {hw.mode}, qkv={arch['qkv']}, "
               f"patch_merging={arch['patch_merging']}, rel_pos_bias={arch['rel_pos_bias']}, "
-              f"custom_bprop={arch['custom_bprop']}, permute={arch['permute']}, patch_embed={arch['patch_embed']}) "
+              f"custom_bprop={arch['custom_bprop']}, permute={arch['permute']}, patch_embed={arch['patch_embed']}, "
+              f"kernels={arch.get('kernels', 'mindspore')}) "
               f"vs timm SwinTransformer driven as the official main.py"),
               (f"model {arch['name']} img {arch['img_size']} classes {arch['num_classes']}; batch "
               f"{exp.data.batch_size} x accumulation {trainer.accumulation_steps}; clip_grad {trainer.clip_grad}; "

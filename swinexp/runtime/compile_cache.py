@@ -7,7 +7,8 @@ weight decay) silently runs the graphs of the job that wrote the cache (BENCHMAR
 
 - each configuration gets its own directory, named by a hash of everything that shapes the compiled graphs: the
   resolved config minus HOST_ONLY (the keys only the host reads: seed, data paths and augmentation, tracking,
-  checkpointing, ...), swinexp's own source and the MindSpore version;
+  checkpointing, ...), swinexp's own source (with the C++ of model.kernels=fused_cpu), the MindSpore version and
+  the CPU (its fused kernels are compiled for it);
 - a job never writes into a shared directory: it compiles into a private one and, when it exits, renames that to
   the configuration's directory if none exists yet (a rename is atomic, so a reader never sees a half-written
   cache); a job that finds the directory works on a private copy of it.
@@ -36,6 +37,7 @@ from pathlib import Path
 import mindspore as ms
 
 from swinexp.config import Plan, thaw
+from swinexp.runtime.devices import cpu_identity
 
 __all__ = ["HOST_ONLY", "MANIFEST", "cache_key", "compiling", "default_root", "enable", "end_job", "first_call"]
 
@@ -59,7 +61,7 @@ def default_root() -> Path:
 def _source_digest() -> str:
     digest = hashlib.sha256()
     package = Path(__file__).resolve().parents[1]  # swinexp/
-    for path in sorted(package.rglob("*.py")):
+    for path in sorted([*package.rglob("*.py"), *package.rglob("*.cc")]):  # .cc: model.kernels=fused_cpu
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -70,7 +72,8 @@ def cache_key(plan: Plan) -> str:
     tree = thaw(plan.values)
     for dotted in HOST_ONLY:
         _drop(tree, dotted)
-    payload = json.dumps({"config": tree, "mindspore": ms.__version__, "swinexp": _source_digest()},
+    payload = json.dumps({"config": tree, "mindspore": ms.__version__, "swinexp": _source_digest(),
+                          "cpu": cpu_identity()},  # a graph may call kernels compiled for this CPU (fused_cpu)
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -8,6 +8,7 @@ the process may use, and `OMP_NUM_THREADS` does the same for OpenMP code.
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -19,6 +20,17 @@ from swinexp.registry import ConfigError
 
 VISIBLE_DEVICES_ENV = {"Ascend": "ASCEND_RT_VISIBLE_DEVICES", "GPU": "CUDA_VISIBLE_DEVICES"}
 UNIT = {"Ascend": "Ascend card", "GPU": "GPU", "CPU": "CPU core"}
+
+
+def cpu_identity() -> str:
+    """This host's CPU model and feature flags (what code compiled with -march=native, or a graph holding such code,
+    depends on)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(dict.fromkeys(line for line in lines if line.split(":")[0].strip() in wanted))
 
 
 def host_devices(device_target: str, declared: Sequence[int] | None = None) -> list[int]:

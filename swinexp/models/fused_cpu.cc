@@ -1,0 +1,212 @@
+// swinexp's fused CPU kernels (model.kernels=fused_cpu): MindSpore Custom ops of type "aot", compiled by
+// swinexp/models/fused_cpu.py on first use. Each kernel is one pass over its tensors where MindSpore's CPU backend
+// runs a chain of elementwise kernels (BENCHMARKS.md, "Fused CPU kernels").
+//
+// The AOT interface (MindSpore's op_custom_aot tutorial): params holds the inputs, then the outputs; ndims/shapes
+// their shapes. float32 only: the Python side sends other dtypes to MindSpore's own kernels.
+//
+// Results do not depend on the number of threads: every output element is computed by the same expression
+// whichever thread computes it, and nothing is reduced across threads.
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// f(begin, end) over [0, n) in contiguous chunks, one per usable core, each of at least `grain` items (a small
+// tensor stays on this thread); chunk starts are multiples of `align` (whole SIMD vectors).
+template <typename F>
+void parallel_for(int64_t n, int64_t grain, int64_t align, F f) {
+  static const int cores = usable_cores();
+  int parts = static_cast<int>(std::min<int64_t>(cores, (n + grain - 1) / grain));
+  if (parts <= 1) {
+    f(0, n);
+    return;
+  }
+  int64_t chunk = ((n + parts - 1) / parts + align - 1) / align * align;
+  std::vector<std::thread> workers;
+  for (int p = 1; p < parts; ++p) {
+    int64_t begin = p * chunk, end = std::min(n, begin + chunk);
+    if (begin < end) workers.emplace_back(f, begin, end);
+  }
+  f(0, std::min(n, chunk));
+  for (auto &w : workers) w.join();
+}
+
+constexpr int64_t kGrain = 1 << 15;  // elements: below this a thread costs more than it saves
+
+int64_t numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+// exp(a) for a <= 0: Cephes' expf (range reduction by ln 2, degree-6 polynomial), branch-free so loops vectorize.
+inline float exp_nonpositive(float a) {
+  a = std::max(a, -87.0f);
+  float n = std::nearbyint(a * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, a);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r) + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// The standard normal's cdf Phi(x) and density phi(x). Phi(x) = erfc(-x / sqrt 2) / 2, erfc from Numerical
+// Recipes' Chebyshev fit (fractional error < 1.2e-7 for every argument), so the small tail keeps its relative
+// precision instead of being 1 + erf(x) rounded next to 1; exp(-x^2 / 2) uses x^2's rounding error too.
+inline void normal_cdf_pdf(float x, float &cdf, float &pdf) {
+  float z = std::fabs(x) * 0.70710678118654752f;
+  float t = 1.0f / std::fma(0.5f, z, 1.0f);
+  float q = 0.17087277f;
+  q = std::fma(q, t, -0.82215223f);
+  q = std::fma(q, t, 1.48851587f);
+  q = std::fma(q, t, -1.13520398f);
+  q = std::fma(q, t, 0.27886807f);
+  q = std::fma(q, t, -0.18628806f);
+  q = std::fma(q, t, 0.09678418f);
+  q = std::fma(q, t, 0.37409196f);
+  q = std::fma(q, t, 1.00002368f);
+  q = std::fma(q, t, -1.26551223f);
+  float xx = x * x;
+  float gauss = exp_nonpositive(-0.5f * xx - 0.5f * std::fma(x, x, -xx));  // exp(-x^2 / 2)
+  float tail = 0.5f * t * gauss * exp_nonpositive(q);                        // erfc(|x| / sqrt 2) / 2
+  cdf = x < 0.0f ? tail : 1.0f - tail;
+  pdf = gauss * 0.3989422804014327f;
+}
+
+}  // namespace
+
+// GELU forward: y = x * Phi(x). Inputs x; outputs y.
+extern "C" int GeluForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                           void *extra) {
+  if (nparam != 2) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[1]);
+  parallel_for(numel(ndims[0], shapes[0]), kGrain, 16, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float cdf, pdf;
+      normal_cdf_pdf(x[i], cdf, pdf);
+      y[i] = x[i] * cdf;
+    }
+  });
+  return 0;
+}
+
+// GELU backward: dx = dy * (Phi(x) + x * phi(x)), from x alone (nothing of the forward is kept). Inputs x, dy.
+extern "C" int GeluBackward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                            void *stream, void *extra) {
+  if (nparam != 3) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *dy = static_cast<const float *>(params[1]);
+  float *dx = static_cast<float *>(params[2]);
+  parallel_for(numel(ndims[0], shapes[0]), kGrain, 16, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float cdf, pdf;
+      normal_cdf_pdf(x[i], cdf, pdf);
+      dx[i] = dy[i] * std::fma(x[i], pdf, cdf);
+    }
+  });
+  return 0;
+}
+
+// LayerNorm backward over the last axis of x (R, C). Inputs x, gamma (C), mean (R, 1), inv_std (R, 1), dy (R, C);
+// outputs dx (R, C), dgamma (C), dbeta (C). With x_hat = (x - mean) * inv_std and g = dy * gamma, per row:
+// dx = (g - mean(g) - x_hat * mean(g * x_hat)) * inv_std. dgamma = sum over rows of dy * x_hat, dbeta of dy: each
+// block of kRowBlock rows sums into its own partial row (double), and the partials are added in block order, so
+// the sums do not depend on which thread took which block.
+namespace {
+constexpr int64_t kRowBlock = 64;
+}
+
+extern "C" int LayerNormBackward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                 void *stream, void *extra) {
+  if (nparam != 8 || ndims[0] != 2) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *gamma = static_cast<const float *>(params[1]);
+  const float *mean = static_cast<const float *>(params[2]);
+  const float *inv_std = static_cast<const float *>(params[3]);
+  const float *dy = static_cast<const float *>(params[4]);
+  float *dx = static_cast<float *>(params[5]);
+  float *dgamma = static_cast<float *>(params[6]);
+  float *dbeta = static_cast<float *>(params[7]);
+  const int64_t rows = shapes[0][0], width = shapes[0][1];
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> partial_gamma(blocks * width, 0.0), partial_beta(blocks * width, 0.0);
+  parallel_for(blocks, std::max<int64_t>(1, kGrain / (kRowBlock * width)), 1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      double *pg = partial_gamma.data() + b * width;
+      double *pb = partial_beta.data() + b * width;
+      for (int64_t r = b * kRowBlock; r < std::min(rows, (b + 1) * kRowBlock); ++r) {
+        const float *xr = x + r * width, *dyr = dy + r * width;
+        float *dxr = dx + r * width;
+        const float m = mean[r], s = inv_std[r];
+        float sum_g = 0.0f, sum_gx = 0.0f;
+        for (int64_t j = 0; j < width; ++j) {
+          float x_hat = (xr[j] - m) * s;
+          float g = dyr[j] * gamma[j];
+          sum_g += g;
+          sum_gx += g * x_hat;
+          pg[j] += static_cast<double>(dyr[j] * x_hat);
+          pb[j] += static_cast<double>(dyr[j]);
+        }
+        const float mean_g = sum_g / width, mean_gx = sum_gx / width;
+        for (int64_t j = 0; j < width; ++j) {
+          float x_hat = (xr[j] - m) * s;
+          dxr[j] = (dyr[j] * gamma[j] - mean_g - x_hat * mean_gx) * s;
+        }
+      }
+    }
+  });
+  for (int64_t j = 0; j < width; ++j) {
+    double sg = 0.0, sb = 0.0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      sg += partial_gamma[b * width + j];
+      sb += partial_beta[b * width + j];
+    }
+    dgamma[j] = static_cast<float>(sg);
+    dbeta[j] = static_cast<float>(sb);
+  }
+  return 0;
+}
+
+// Softmax backward over the last axis. Inputs y (the softmax's output), dy; output dx = y * (dy - sum(y * dy)) per
+// row of the last axis.
+extern "C" int SoftmaxBackward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                               void *stream, void *extra) {
+  if (nparam != 3 || ndims[0] < 1) return 1;
+  const float *y = static_cast<const float *>(params[0]);
+  const float *dy = static_cast<const float *>(params[1]);
+  float *dx = static_cast<float *>(params[2]);
+  const int64_t width = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / std::max<int64_t>(width, 1);
+  parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(width, 1)), 1, [=](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float *yr = y + r * width, *dyr = dy + r * width;
+      float *dxr = dx + r * width;
+      float dot = 0.0f;
+      for (int64_t j = 0; j < width; ++j) dot += yr[j] * dyr[j];
+      for (int64_t j = 0; j < width; ++j) dxr[j] = yr[j] * (dyr[j] - dot);
+    }
+  });
+  return 0;
+}

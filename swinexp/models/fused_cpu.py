@@ -1,0 +1,154 @@
+"""swinexp's fused CPU kernels (`model.kernels=fused_cpu`): fused_cpu.cc built once per machine, used as MindSpore
+Custom ops of type "aot".
+
+MindSpore's CPU backend computes the exact GELU as a chain of elementwise kernels around its `Erf`, one pass over the
+tensor each (forward and the hand-written backward: twelve passes), and its `Erf` is slow; fused_cpu.cc does each
+direction in one pass (BENCHMARKS.md, "Fused CPU kernels"). The library is compiled with the machine's C++ compiler
+(`$CXX`, else g++ or c++) for its own CPU (`-march=native`) into the user's cache, keyed by the source, the compiler
+and the CPU, so a cluster's nodes with other CPUs each build their own. Only float32 tensors reach these kernels.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from swinexp.registry import ConfigError
+from swinexp.runtime.devices import cpu_identity
+
+__all__ = ["DTYPE", "KERNEL_MODES", "FusedGeluFn", "FusedLayerNormFn", "FusedSoftmaxFn", "check_compiler", "library"]
+
+KERNEL_MODES = ("mindspore", "fused_cpu")
+DTYPE = mstype.float32  # the only dtype the kernels compute
+SOURCE = Path(__file__).with_name("fused_cpu.cc")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-pthread", "-std=c++17")
+
+
+def compiler() -> str | None:
+    """The C++ compiler: $CXX, else g++, else c++ on PATH; None when there is none."""
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++"]
+    return next((path for name in candidates if (path := shutil.which(name))), None)
+
+
+def check_compiler() -> None:
+    """Raise a ConfigError naming the fix when no C++ compiler can build the kernels (before any work starts)."""
+    if compiler() is None:
+        raise ConfigError("model.kernels=fused_cpu builds swinexp's fused CPU kernels with a C++ compiler, and none "
+                          "was found ($CXX, g++ or c++ on PATH): install one (e.g. apt-get install g++) or use "
+                          "MindSpore's kernels with model.kernels=mindspore")
+
+
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/swinexp/kernels, else ~/.cache/swinexp/kernels."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swinexp" / "kernels"
+
+
+@cache
+def library() -> str:
+    """Path of the compiled kernels for this machine, compiling them on the first call (per cache, not per process).
+
+    Concurrent processes may each compile; each publishes its file with one atomic rename, so a reader sees a whole
+    library or none.
+
+    Raises:
+        ConfigError: No C++ compiler, or the compile failed (its output is in the message).
+    """
+    check_compiler()
+    cxx = compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, version, " ".join(FLAGS), cpu_identity()]).encode())
+    target = cache_dir() / key.hexdigest()[:16] / "fused_cpu.so"
+    if target.exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=".fused_cpu.", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConfigError(f"model.kernels=fused_cpu: {cxx} could not compile {SOURCE}:\n{done.stderr.strip()}\n"
+                              "Fix the compiler (or set $CXX to another one), or use model.kernels=mindspore")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return str(target)
+
+
+def _same_shape(x, *rest):
+    return x
+
+
+def _same_dtype(x, *rest):
+    return x
+
+
+def custom_op(function: str) -> ops.Custom:
+    """The Custom op running `function` of the library; its output has the first input's shape and dtype."""
+    return ops.Custom(f"{library()}:{function}", out_shape=_same_shape, out_dtype=_same_dtype, func_type="aot")
+
+
+class FusedGeluFn(nn.Cell):
+    """Exact GELU x * Phi(x) in one pass each way; the backward recomputes Phi and phi from x (keeps nothing else).
+
+    float32 only (`DTYPE`); `kernels.ExactGELU` sends other dtypes to MindSpore's kernels.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forward = custom_op("GeluForward")
+        self.backward = custom_op("GeluBackward")
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.forward(x)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (self.backward(x, dout),)
+
+
+class FusedSoftmaxFn(nn.Cell):
+    """Softmax over the last axis: MindSpore's Softmax forward, a backward of one C++ pass per row; float32 only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.softmax = ops.Softmax(-1)
+        self.backward = custom_op("SoftmaxBackward")
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.softmax(x)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (self.backward(out, dout),)
+
+
+def _layer_norm_grad_shapes(x, gamma, *rest):
+    return x, gamma, gamma
+
+
+class FusedLayerNormFn(nn.Cell):
+    """LayerNorm over the last axis of (R, C): MindSpore's LayerNorm primitive forward (one fast kernel), and a
+    backward of one C++ pass per row for dx with the (C,) gradients of gamma and beta summed alongside.
+
+    Returns the primitive's (y, mean, variance), as `kernels._LayerNormFn` does; float32 only.
+    """
+
+    def __init__(self, epsilon: float) -> None:
+        super().__init__()
+        self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=epsilon)
+        self.backward = ops.Custom(f"{library()}:LayerNormBackward", out_shape=_layer_norm_grad_shapes,
+                                   out_dtype=_layer_norm_grad_shapes, func_type="aot")
+        self.rsqrt = ops.Rsqrt()
+        self.epsilon = epsilon
+
+    def construct(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.layer_norm(x, gamma, beta)
+
+    def bprop(self, x: Tensor, gamma: Tensor, beta: Tensor, out: tuple, dout: tuple) -> tuple[Tensor, ...]:
+        return self.backward(x, gamma, out[1], self.rsqrt(out[2] + self.epsilon), dout[0])

@@ -1,0 +1,173 @@
+"""model.kernels=fused_cpu: the C++ GELU, LayerNorm backward and softmax backward against float64, independent of
+the cores, the library's build (once per cache, atomic, errors that name the fix) and where the plan refuses it.
+tests/test_models.py and tests/test_golden.py check the model built with them against the official function."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+from omegaconf import DictConfig
+
+from swinexp.build import resolve
+from swinexp.models import fused_cpu
+from swinexp.models.kernels import ExactGELU
+from swinexp.registry import ConfigError
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.skipif(fused_cpu.compiler() is None, reason="no C++ compiler to build the fused kernels")
+
+# erf's range in fp32 and beyond (|x| > 10: Phi is 0 or 1 in fp32), and normal draws where most activations lie
+POINTS = np.concatenate([np.linspace(-12, 12, 48001), np.random.default_rng(0).standard_normal(20000) * 3])
+
+
+def gelu_and_derivative_float64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = x.astype(np.float64)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    return x * cdf, cdf + x * pdf
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])
+def test_fused_gelu_and_its_gradient_are_the_exact_gelu(mode: int) -> None:
+    """Forward and derivative within 1e-6 relative (+1e-7) of float64 erf everywhere: the tolerance the MindSpore
+    forward meets (test_models), and that its derivative (1 + erf rounded next to 1) misses by 6x in the left tail."""
+    ms.set_context(mode=mode)
+    x = POINTS.astype(np.float32)
+    gelu = ExactGELU(fused=True)
+    want_y, want_dy = gelu_and_derivative_float64(x)
+    np.testing.assert_allclose(gelu(Tensor(x)).asnumpy(), want_y, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ms.grad(gelu)(Tensor(x)).asnumpy(), want_dy, rtol=1e-6, atol=1e-7)
+
+
+def test_fused_gelu_scales_the_incoming_gradient() -> None:
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    x = POINTS[:5000].astype(np.float32)
+    dout = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    gelu = ExactGELU(fused=True)
+    got = ms.grad(lambda t: (gelu(t) * Tensor(dout)).sum())(Tensor(x)).asnumpy()
+    np.testing.assert_allclose(got, dout * gelu_and_derivative_float64(x)[1], rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_inputs_take_mindsporess_kernels() -> None:
+    """The kernels compute float32 only; an fp16 policy's GELU keeps its dtype through MindSpore's kernels."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    x = Tensor(POINTS[:1000].astype(np.float16))
+    fused, plain = ExactGELU(custom_bprop=True, fused=True)(x), ExactGELU(custom_bprop=True)(x)
+    assert fused.dtype == ms.float16
+    np.testing.assert_array_equal(fused.asnumpy(), plain.asnumpy())
+
+
+def layer_norm_grads_float64(x: np.ndarray, gamma: np.ndarray, dy: np.ndarray, eps: float = 1e-5) -> list[np.ndarray]:
+    x, gamma, dy = (a.astype(np.float64) for a in (x, gamma, dy))
+    inv_std = 1 / np.sqrt(x.var(-1, keepdims=True) + eps)
+    x_hat = (x - x.mean(-1, keepdims=True)) * inv_std
+    g = dy * gamma
+    dx = (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True)) * inv_std
+    return [dx, (dy * x_hat).sum(0), dy.sum(0)]
+
+
+def test_fused_layer_norm_gradients_against_float64() -> None:
+    """dx, dgamma and dbeta of swin_tiny's stage-0 shape (rows summed in blocks, in double) against float64."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((12544, 96)) * 3 + 1).astype(np.float32)
+    gamma, beta = rng.standard_normal(96).astype(np.float32), rng.standard_normal(96).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    norm = fused_cpu.FusedLayerNormFn(1e-5)
+    got = ms.grad(lambda *a: (norm(*a)[0] * Tensor(dy)).sum(), grad_position=(0, 1, 2))(
+        Tensor(x), Tensor(gamma), Tensor(beta))
+    for name, g, want in zip(("dx", "dgamma", "dbeta"), got, layer_norm_grads_float64(x, gamma, dy)):
+        assert np.abs(g.asnumpy() - want).max() <= 2e-6 * np.abs(want).max(), name
+
+
+def test_fused_softmax_gradient_against_float64() -> None:
+    """The attention's shape (windows x heads, 49 x 49): dx = y * (dy - sum(y * dy)) per row."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((8, 3, 49, 49)) * 4).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    softmax = fused_cpu.FusedSoftmaxFn()
+    got = ms.grad(lambda t: (softmax(t) * Tensor(dy)).sum())(Tensor(x)).asnumpy()
+    x64 = x.astype(np.float64)
+    y = np.exp(x64 - x64.max(-1, keepdims=True))
+    y /= y.sum(-1, keepdims=True)
+    want = y * (dy - (y * dy).sum(-1, keepdims=True))
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+
+
+def test_results_do_not_depend_on_the_cores() -> None:
+    """One core or all, bit for bit: every element is computed by the same expression (the chunks only split the
+    work), and LayerNorm's gamma/beta gradients add fixed blocks of rows in a fixed order."""
+    script = ("import sys, numpy as np, mindspore as ms; from mindspore import Tensor\n"
+              "from swinexp.models.kernels import ExactGELU\nfrom swinexp.models.fused_cpu import FusedLayerNormFn\n"
+              "rng = np.random.default_rng(2)\n"
+              "x = Tensor(rng.standard_normal((3136, 96)).astype(np.float32))\n"
+              "gamma, beta = (Tensor(rng.standard_normal(96).astype(np.float32)) for _ in range(2))\n"
+              "norm = FusedLayerNormFn(1e-5)\n"
+              "grads = ms.grad(lambda *a: (norm(*a)[0] ** 2).sum(), grad_position=(0, 1, 2))(x, gamma, beta)\n"
+              "for t in (ExactGELU(fused=True)(x), *grads):\n"
+              "    sys.stdout.buffer.write(t.asnumpy().tobytes())")
+    outputs = []
+    for cores in ({0}, set(range(os.cpu_count() or 1))):
+        outputs.append(subprocess.run([sys.executable, "-c", script], capture_output=True, check=True, cwd=ROOT,
+                                      preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores)).stdout)
+    assert len(outputs[0]) == 4 * (2 * 3136 * 96 + 2 * 96) and outputs[0] == outputs[1]
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fused_cpu.library.cache_clear()
+    yield tmp_path / "swinexp" / "kernels"
+    fused_cpu.library.cache_clear()
+
+
+def test_the_library_is_compiled_once_per_cache(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiles = []
+    run = subprocess.run
+
+    def counting(args: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        if "-shared" in args:
+            compiles.append(args)
+        return run(args, **kwargs)
+
+    monkeypatch.setattr(fused_cpu.subprocess, "run", counting)
+    first = fused_cpu.library()
+    fused_cpu.library.cache_clear()  # a new process
+    assert fused_cpu.library() == first and len(compiles) == 1
+    assert Path(first).parent.parent == fresh_cache
+    assert [p.name for p in Path(first).parent.iterdir()] == ["fused_cpu.so"]  # no partial file left
+
+
+def test_no_compiler_is_refused_before_work_with_the_fix(compose: Callable[..., DictConfig],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match=r"apt-get install g\+\+.*model\.kernels=mindspore"):
+        resolve(compose("hardware=cpu"))
+    resolve(compose("hardware=cpu", "model.kernels=mindspore"))  # MindSpore's kernels need no compiler
+
+
+def test_a_failed_compile_shows_the_compilers_output(fresh_cache: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tmp_path / "broken-cxx"
+    broken.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'fused_cpu.cc:1: error: no luck' >&2\n"
+                      "exit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    with pytest.raises(ConfigError, match=r"(?s)no luck.*model\.kernels=mindspore"):
+        fused_cpu.library()
+    assert not [p for p in fresh_cache.rglob("*") if p.is_file()]  # nothing half-made is left to be loaded
+
+
+def test_fused_cpu_is_refused_on_a_card(compose: Callable[..., DictConfig]) -> None:
+    with pytest.raises(ConfigError, match="model.kernels=fused_cpu computes on the CPU.*device_target=Ascend"):
+        resolve(compose("hardware=ascend8", "model.kernels=fused_cpu"), backend=False)
