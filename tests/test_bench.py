@@ -53,6 +53,15 @@ def test_step_prints_one_row_per_variant(capsys: pytest.CaptureFixture[str]) -> 
     assert "model.qkv=split" in rows[1][1]
 
 
+def test_the_cpu_formulation_preset_is_what_hardware_cpu_trains_with() -> None:
+    import yaml
+
+    trained = yaml.safe_load((ROOT / "conf" / "model" / "formulation" / "cpu.yaml").read_text())
+    overrides = dict(o.removeprefix("model.").split("=", 1) for o in (*step.BASE, *step.PRESETS["cpu formulation"])
+                     if o.startswith("model."))
+    assert {key: overrides.get(key) for key in trained} == {key: str(value).lower() for key, value in trained.items()}
+
+
 def test_peers_compares_swinexp_with_a_micro_mindcv_swin(monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("mindcv")
