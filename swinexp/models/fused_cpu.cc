@@ -6,7 +6,7 @@
 // their shapes. float32 only: the Python side sends other dtypes to MindSpore's own kernels.
 //
 // Results do not depend on the number of threads: every output element is computed by the same expression
-// whichever thread computes it, and nothing is reduced across threads.
+// whichever thread computes it, and sums over rows (LayerNorm's dgamma, dbeta) add fixed blocks in a fixed order.
 #include <sched.h>
 
 #include <algorithm>
@@ -50,6 +50,22 @@ int64_t numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= shape[i];
   return n;
+}
+
+// sum of term(0) .. term(n - 1) in kLanes interleaved partial sums added in a fixed order: the loop vectorizes (a
+// plain float sum may not be reordered, so it would not), and the result depends on n and the values only.
+constexpr int kLanes = 16;
+
+template <typename F>
+inline float lane_sum(int64_t n, F term) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += term(j + l);
+  for (int l = 0; j + l < n; ++l) acc[l] += term(j + l);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  return acc[0];
 }
 
 // exp(a) for a <= 0: Cephes' expf (range reduction by ln 2, degree-6 polynomial), branch-free so loops vectorize.
@@ -129,14 +145,59 @@ extern "C" int GeluBackward(int nparam, void **params, int *ndims, int64_t **sha
   return 0;
 }
 
+// LayerNorm forward over the last axis of x (R, C). Inputs x, gamma (C), beta (C), epsilon (1); outputs y (R, C),
+// mean (R, 1), inv_std (R, 1) = 1 / sqrt(variance + epsilon). The row's sum, rounded, is corrected by the sum of the
+// residuals (rows far from zero keep their mean to float precision), and the variance is taken around that mean.
+extern "C" int LayerNormForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                void *stream, void *extra) {
+  if (nparam != 7 || ndims[0] != 2) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *gamma = static_cast<const float *>(params[1]);
+  const float *beta = static_cast<const float *>(params[2]);
+  const float epsilon = *static_cast<const float *>(params[3]);
+  float *y = static_cast<float *>(params[4]);
+  float *mean = static_cast<float *>(params[5]);
+  float *inv_std = static_cast<float *>(params[6]);
+  const int64_t rows = shapes[0][0], width = shapes[0][1];
+  parallel_for(rows, std::max<int64_t>(1, kGrain / width), 1, [=](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float *xr = x + r * width;
+      float *yr = y + r * width;
+      const float rough = lane_sum(width, [=](int64_t j) { return xr[j]; }) / width;
+      const float m = rough + lane_sum(width, [=](int64_t j) { return xr[j] - rough; }) / width;
+      const float variance = lane_sum(width, [=](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) / width;
+      const float s = 1.0f / std::sqrt(variance + epsilon);
+      for (int64_t j = 0; j < width; ++j) yr[j] = std::fma((xr[j] - m) * s, gamma[j], beta[j]);
+      mean[r] = m;
+      inv_std[r] = s;
+    }
+  });
+  return 0;
+}
+
 // LayerNorm backward over the last axis of x (R, C). Inputs x, gamma (C), mean (R, 1), inv_std (R, 1), dy (R, C);
 // outputs dx (R, C), dgamma (C), dbeta (C). With x_hat = (x - mean) * inv_std and g = dy * gamma, per row:
 // dx = (g - mean(g) - x_hat * mean(g * x_hat)) * inv_std. dgamma = sum over rows of dy * x_hat, dbeta of dy: each
-// block of kRowBlock rows sums into its own partial row (double), and the partials are added in block order, so
+// block of kRowBlock rows sums into its own partial row, and the partials are added in block order (in double), so
 // the sums do not depend on which thread took which block.
 namespace {
 constexpr int64_t kRowBlock = 64;
+
+// One row of LayerNorm's backward: writes dx and adds the row's dgamma and dbeta terms into partial_gamma/_beta.
+void layer_norm_backward_row(int64_t width, const float *__restrict x, const float *__restrict gamma, float mean,
+                             float inv_std, const float *__restrict dy, float *__restrict dx,
+                             float *__restrict partial_gamma, float *__restrict partial_beta) {
+  const float mean_g = lane_sum(width, [=](int64_t j) { return dy[j] * gamma[j]; }) / width;
+  const float mean_gx =
+      lane_sum(width, [=](int64_t j) { return dy[j] * gamma[j] * ((x[j] - mean) * inv_std); }) / width;
+  for (int64_t j = 0; j < width; ++j) {
+    const float x_hat = (x[j] - mean) * inv_std;
+    partial_gamma[j] = std::fma(dy[j], x_hat, partial_gamma[j]);
+    partial_beta[j] += dy[j];
+    dx[j] = (dy[j] * gamma[j] - mean_g - x_hat * mean_gx) * inv_std;
+  }
 }
+}  // namespace
 
 extern "C" int LayerNormBackward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                  void *stream, void *extra) {
@@ -151,30 +212,12 @@ extern "C" int LayerNormBackward(int nparam, void **params, int *ndims, int64_t 
   float *dbeta = static_cast<float *>(params[7]);
   const int64_t rows = shapes[0][0], width = shapes[0][1];
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  std::vector<double> partial_gamma(blocks * width, 0.0), partial_beta(blocks * width, 0.0);
+  std::vector<float> partial_gamma(blocks * width, 0.0f), partial_beta(blocks * width, 0.0f);
   parallel_for(blocks, std::max<int64_t>(1, kGrain / (kRowBlock * width)), 1, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
-      double *pg = partial_gamma.data() + b * width;
-      double *pb = partial_beta.data() + b * width;
-      for (int64_t r = b * kRowBlock; r < std::min(rows, (b + 1) * kRowBlock); ++r) {
-        const float *xr = x + r * width, *dyr = dy + r * width;
-        float *dxr = dx + r * width;
-        const float m = mean[r], s = inv_std[r];
-        float sum_g = 0.0f, sum_gx = 0.0f;
-        for (int64_t j = 0; j < width; ++j) {
-          float x_hat = (xr[j] - m) * s;
-          float g = dyr[j] * gamma[j];
-          sum_g += g;
-          sum_gx += g * x_hat;
-          pg[j] += static_cast<double>(dyr[j] * x_hat);
-          pb[j] += static_cast<double>(dyr[j]);
-        }
-        const float mean_g = sum_g / width, mean_gx = sum_gx / width;
-        for (int64_t j = 0; j < width; ++j) {
-          float x_hat = (xr[j] - m) * s;
-          dxr[j] = (dyr[j] * gamma[j] - mean_g - x_hat * mean_gx) * s;
-        }
-      }
+      for (int64_t r = b * kRowBlock; r < std::min(rows, (b + 1) * kRowBlock); ++r)
+        layer_norm_backward_row(width, x + r * width, gamma, mean[r], inv_std[r], dy + r * width, dx + r * width,
+                                partial_gamma.data() + b * width, partial_beta.data() + b * width);
     }
   });
   for (int64_t j = 0; j < width; ++j) {
@@ -203,8 +246,7 @@ extern "C" int SoftmaxBackward(int nparam, void **params, int *ndims, int64_t **
     for (int64_t r = first; r < last; ++r) {
       const float *yr = y + r * width, *dyr = dy + r * width;
       float *dxr = dx + r * width;
-      float dot = 0.0f;
-      for (int64_t j = 0; j < width; ++j) dot += yr[j] * dyr[j];
+      const float dot = lane_sum(width, [=](int64_t j) { return yr[j] * dyr[j]; });
       for (int64_t j = 0; j < width; ++j) dxr[j] = yr[j] * (dyr[j] - dot);
     }
   });

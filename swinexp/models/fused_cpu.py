@@ -2,8 +2,8 @@
 Custom ops of type "aot".
 
 MindSpore's CPU backend computes the exact GELU as a chain of elementwise kernels around its `Erf`, one pass over the
-tensor each (forward and the hand-written backward: twelve passes), and its `Erf` is slow; fused_cpu.cc does each
-direction in one pass (BENCHMARKS.md, "Fused CPU kernels"). The library is compiled with the machine's C++ compiler
+tensor each (forward and the hand-written backward: twelve passes), and its `Erf` is slow; its LayerNorm kernel takes
+~2 ms where one pass takes ~0.2; fused_cpu.cc does each direction in one pass (BENCHMARKS.md, "Fused CPU kernels"). The library is compiled with the machine's C++ compiler
 (`$CXX`, else g++ or c++) for its own CPU (`-march=native`) into the user's cache, keyed by the source, the compiler
 and the CPU, so a cluster's nodes with other CPUs each build their own. Only float32 tensors reach these kernels.
 """
@@ -128,27 +128,33 @@ class FusedSoftmaxFn(nn.Cell):
         return (self.backward(out, dout),)
 
 
+def _layer_norm_shapes(x, gamma, beta, epsilon):
+    return x, [x[0], 1], [x[0], 1]
+
+
+def _layer_norm_dtypes(x, gamma, beta, epsilon):
+    return x, x, x
+
+
 def _layer_norm_grad_shapes(x, gamma, *rest):
     return x, gamma, gamma
 
 
 class FusedLayerNormFn(nn.Cell):
-    """LayerNorm over the last axis of (R, C): MindSpore's LayerNorm primitive forward (one fast kernel), and a
-    backward of one C++ pass per row for dx with the (C,) gradients of gamma and beta summed alongside.
-
-    Returns the primitive's (y, mean, variance), as `kernels._LayerNormFn` does; float32 only.
+    """LayerNorm over the last axis of (R, C), each direction one C++ pass per row: the forward returns
+    (y, mean, inv_std), the backward dx with the (C,) gradients of gamma and beta summed alongside. float32 only.
     """
 
     def __init__(self, epsilon: float) -> None:
         super().__init__()
-        self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=epsilon)
+        self.forward = ops.Custom(f"{library()}:LayerNormForward", out_shape=_layer_norm_shapes,
+                                  out_dtype=_layer_norm_dtypes, func_type="aot")
         self.backward = ops.Custom(f"{library()}:LayerNormBackward", out_shape=_layer_norm_grad_shapes,
                                    out_dtype=_layer_norm_grad_shapes, func_type="aot")
-        self.rsqrt = ops.Rsqrt()
-        self.epsilon = epsilon
+        self.epsilon = Tensor([epsilon], DTYPE)
 
     def construct(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.layer_norm(x, gamma, beta)
+        return self.forward(x, gamma, beta, self.epsilon)
 
     def bprop(self, x: Tensor, gamma: Tensor, beta: Tensor, out: tuple, dout: tuple) -> tuple[Tensor, ...]:
-        return self.backward(x, gamma, out[1], self.rsqrt(out[2] + self.epsilon), dout[0])
+        return self.backward(x, gamma, out[1], out[2], dout[0])
