@@ -124,8 +124,9 @@ def peers_table(timings: dict[str, Timing], plan: Plan, flops: int, opts: Option
     version = importlib.metadata.version("mindcv")
     formulation = {MINDCV: f"mindcv {version} `SwinTransformer` (separate q/k/v, one-hot bias, reshape merging)",
                    SWINEXP: "swinexp `SwinTransformer`, " + ", ".join(
-                       f"{key}={plan.get(f'model.{key}')}" for key in ("qkv", "patch_merging", "rel_pos_bias",
-                                                                       "custom_bprop", "permute", "patch_embed", "kernels"))}
+                       f"{key}={plan.get(f'model.{key}')}"
+                       for key in ("qkv", "patch_merging", "rel_pos_bias", "custom_bprop", "permute", "patch_embed",
+                                   "kernels"))}
     if timm_runs:
         first = timm_runs[0]
         formulation[TIMM] = (f"timm {first.timm_version} `SwinTransformer`, PyTorch {first.torch_version} eager fp32, "

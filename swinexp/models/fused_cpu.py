@@ -3,7 +3,8 @@ Custom ops of type "aot".
 
 MindSpore's CPU backend computes the exact GELU as a chain of elementwise kernels around its `Erf`, one pass over the
 tensor each (forward and the hand-written backward: twelve passes), and its `Erf` is slow; its LayerNorm kernel takes
-~2 ms where one pass takes ~0.2; fused_cpu.cc does each direction in one pass (BENCHMARKS.md, "Fused CPU kernels"). The library is compiled with the machine's C++ compiler
+~5 ms at stage 0's shape where one pass takes ~0.7. fused_cpu.cc does each direction in one pass (BENCHMARKS.md,
+"Fused CPU kernels"). The library is compiled with the machine's C++ compiler
 (`$CXX`, else g++ or c++) for its own CPU (`-march=native`) into the user's cache, keyed by the source, the compiler
 and the CPU, so a cluster's nodes with other CPUs each build their own. Only float32 tensors reach these kernels.
 """
