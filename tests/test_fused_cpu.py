@@ -159,6 +159,17 @@ def test_the_library_is_compiled_once_per_cache(fresh_cache: Path, monkeypatch: 
     assert [p.name for p in Path(first).parent.iterdir()] == ["fused_cpu.so"]  # no partial file left
 
 
+def test_another_cpu_gets_a_library_of_its_own(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster's nodes may share a home directory: a library built for one CPU's -march=native is not another's."""
+    assert "-march=" in fused_cpu.native_target(fused_cpu.compiler())  # what g++ resolved native to, here
+    built = []
+    for target in ("-march=skylake-avx512", "-march=znver3"):
+        monkeypatch.setattr(fused_cpu, "native_target", lambda cxx, target=target: target)
+        fused_cpu.library.cache_clear()
+        built.append(fused_cpu.library())
+    assert built[0] != built[1] and all(Path(b).exists() for b in built)
+
+
 def test_no_compiler_is_refused_before_work_with_the_fix(compose: Callable[..., DictConfig],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CXX", raising=False)

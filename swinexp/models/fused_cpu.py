@@ -22,7 +22,6 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from swinexp.registry import ConfigError
-from swinexp.runtime.devices import cpu_identity
 
 __all__ = ["DTYPE", "KERNEL_MODES", "FusedGeluFn", "FusedLayerNormFn", "FusedSoftmaxFn", "check_compiler", "library"]
 
@@ -51,6 +50,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swinexp" / "kernels"
 
 
+def native_target(cxx: str) -> str:
+    """What `-march=native` means to `cxx` on this CPU: the target and feature flags the compiler resolves it to (g++'s
+    cc1plus line, clang's -target-cpu/-target-feature), so nodes whose CPUs differ get libraries of their own."""
+    probe = subprocess.run([cxx, "-march=native", "-E", "-v", "-x", "c++", os.devnull], capture_output=True, text=True)
+    lines = [line for line in probe.stderr.splitlines() if "-march" in line or "-target-" in line]
+    return "\n".join(lines) or probe.stderr
+
+
 @cache
 def library() -> str:
     """Path of the compiled kernels for this machine, compiling them on the first call (per cache, not per process).
@@ -64,7 +71,7 @@ def library() -> str:
     check_compiler()
     cxx = compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, version, " ".join(FLAGS), cpu_identity()]).encode())
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, version, " ".join(FLAGS), native_target(cxx)]).encode())
     target = cache_dir() / key.hexdigest()[:16] / "fused_cpu.so"
     if target.exists():
         return str(target)
