@@ -31,7 +31,7 @@ __all__ = ["DEFAULT_VARIANTS", "PRESETS", "Measured", "Variant", "WorkerFailed",
 OFFICIAL = "qkv=fused, patch_merging=slice, rel_pos_bias=gather"
 CPU_REWRITES = ("model.qkv=fused_split", "model.patch_merging=reshape", "model.rel_pos_bias=gather",
                 "model.custom_bprop=true")
-FUSED = "model.kernels=fused_cpu"
+FUSED = ("model.kernels=fused_cpu", "optimizer.kernel=fused_cpu")
 PRESETS: dict[str, tuple[str, ...]] = {
     "baseline": (),  # the base overrides below: official formulation, amp o0
     "qkv=split": ("model.qkv=split",),
@@ -40,14 +40,16 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "all three": ("model.qkv=split", "model.patch_merging=reshape", "model.rel_pos_bias=onehot"),
     "custom_bprop": ("model.custom_bprop=true",),
     # conf/model/formulation/cpu.yaml, what hardware=cpu trains with
-    "cpu formulation": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=matmul", FUSED),
-    # the cpu formulation with MindSpore's GELU, LayerNorm and Softmax kernels instead of fused_cpu.cc's
+    "cpu formulation": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=matmul", *FUSED),
+    # the cpu formulation with MindSpore's GELU, LayerNorm, Softmax and AdamW kernels instead of fused_cpu.cc's
     "cpu, kernels=mindspore": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=matmul"),
+    # the cpu formulation with MindSpore's AdamWeightDecay kernel (the model's fused kernels kept)
+    "cpu, optimizer.kernel=mindspore": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=matmul", FUSED[0]),
     # the cpu formulation with the other permutation kernels (models/kernels.py): faster and holding memory, or slower
-    "cpu, permute=transpose": (*CPU_REWRITES, "model.permute=transpose", "model.patch_embed=matmul", FUSED),
-    "cpu, permute=mint": (*CPU_REWRITES, "model.permute=mint", "model.patch_embed=matmul", FUSED),
+    "cpu, permute=transpose": (*CPU_REWRITES, "model.permute=transpose", "model.patch_embed=matmul", *FUSED),
+    "cpu, permute=mint": (*CPU_REWRITES, "model.permute=mint", "model.patch_embed=matmul", *FUSED),
     # and with the official patch embedding, MindSpore's Conv2D (slow on CPU, layers.PatchMatMul)
-    "cpu, patch_embed=conv": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=conv", FUSED),
+    "cpu, patch_embed=conv": (*CPU_REWRITES, "model.permute=gather", "model.patch_embed=conv", *FUSED),
     "amp=o2": ("amp=o2",),
     "amp=o1_manual": ("amp=o1_manual",),
     # the cost of stochastic depth (masks drawn on the host and fed to the step): the ratio of `--variants baseline
@@ -58,7 +60,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
 DEFAULT_VARIANTS = tuple(name for name in PRESETS if name != "drop_path=0")
 # every variant starts from the official formulation with autodiff gradients in fp32; its own overrides win
 BASE = ("model/rewrites=official", "model.custom_bprop=false", "model.permute=transpose", "model.patch_embed=conv",
-        "model.kernels=mindspore", "amp=o0", "tracking=none")
+        "model.kernels=mindspore", "optimizer.kernel=mindspore", "amp=o0", "tracking=none")
 
 
 class WorkerFailed(RuntimeError):

@@ -52,7 +52,9 @@ def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
     check_data_args(_data_and_augment(plan)[0])
     check_native_recipe(plan)
     model = plan.section("model")
-    check_kernels_on_hardware(model.get("kernels"), plan.hardware, compiler=backend)
+    check_kernels_on_hardware({"model.kernels": model.get("kernels"),
+                               "optimizer.kernel": plan.section("optimizer").get("kernel")}, plan.hardware,
+                              compiler=backend)
     if {"img_size", "patch_size", "window_size", "depths"} <= model.keys():  # a Swin: its maps must fit the image
         try:
             check_resolution(model["img_size"], model["patch_size"], model["window_size"], len(model["depths"]))
@@ -167,16 +169,18 @@ def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:
                           "bfloat16 kernels; use amp.dtype=float16 there, or hardware.chip=ascend910b on a 910B")
 
 
-def check_kernels_on_hardware(kernels: str | None, hw: HardwareCfg, compiler: bool = True) -> None:
-    """model.kernels=fused_cpu runs C++ kernels on the host: refused for a card, and without a compiler to build them
-    (`compiler`: checked where the run will start, not for a dry run)."""
-    if kernels != "fused_cpu":
+def check_kernels_on_hardware(kernels: dict[str, str | None], hw: HardwareCfg, compiler: bool = True) -> None:
+    """Config keys (model.kernels, optimizer.kernel) set to fused_cpu run C++ kernels on the host: refused for a card,
+    and without a compiler to build them (`compiler`: checked where the run will start, not for a dry run)."""
+    fused = tuple(key for key, value in kernels.items() if value == "fused_cpu")
+    if not fused:
         return
     if hw.device_target != "CPU":
-        raise ConfigError(f"model.kernels=fused_cpu computes on the CPU, but hardware.device_target="
-                          f"{hw.device_target}: use model.kernels=mindspore there (the GPU and Ascend formulations do)")
+        chosen, fix = " and ".join(f"{key}=fused_cpu" for key in fused), " ".join(f"{key}=mindspore" for key in fused)
+        raise ConfigError(f"{chosen} compute on the CPU, but hardware.device_target={hw.device_target}: use {fix} "
+                          "there (the GPU and Ascend presets do)")
     if compiler:
-        fused_cpu.check_compiler()
+        fused_cpu.check_compiler(fused)
 
 
 def total_batch_size(plan: Plan, batch_size: int) -> int:

@@ -14,6 +14,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from swinexp.models.fused_cpu import DTYPE, FusedAdamWUpdate
 from swinexp.registry import OPTIMIZERS, SCHEDULERS, ConfigError
 
 log = logging.getLogger("swinexp")
@@ -30,19 +31,31 @@ def param_groups(model: nn.Cell, weight_decay: float) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
-_adamw_update = ops.MultitypeFuncGraph("adamw_update")
-_adam_weight_decay = ops.AdamWeightDecay()
+OPTIMIZER_KERNELS = ("mindspore", "fused_cpu")
 
 
-@_adamw_update.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
-                        "Tensor", "Tensor")
-def _adamw_update_param(beta1: Tensor, beta2: Tensor, adam_eps: Tensor, lr_factor: Tensor, decay_factor: Tensor,
-                        lr: Tensor, weight_decay: Tensor, param: Parameter, m: Parameter, v: Parameter,
-                        grad: Tensor) -> Tensor:
-    # one fused kernel per parameter (m, v and the parameter in one pass; see AdamW for the arguments): written
-    # as ~20 elementwise ops per parameter, the update alone compiled for 21 s on swin_tiny (BENCHMARKS.md)
-    return _adam_weight_decay(param, m, v, lr * lr_factor, beta1, beta2, adam_eps, weight_decay * decay_factor,
-                              ops.cast(grad, param.dtype))
+def _adamw_update_graph(fused: bool) -> ops.MultitypeFuncGraph:
+    """The per-parameter update `AdamW` maps over its parameters: MindSpore's AdamWeightDecay kernel, or (`fused`)
+    swinexp's C++ one for float32 parameters (the same arguments and expression, vectorized; `models.fused_cpu`).
+    """
+    primitive = ops.AdamWeightDecay()
+    fused_op = FusedAdamWUpdate() if fused else None
+    graph = ops.MultitypeFuncGraph("adamw_update_fused" if fused else "adamw_update")
+
+    @graph.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                    "Tensor", "Tensor")
+    def update(beta1: Tensor, beta2: Tensor, adam_eps: Tensor, lr_factor: Tensor, decay_factor: Tensor,
+               lr: Tensor, weight_decay: Tensor, param: Parameter, m: Parameter, v: Parameter,
+               grad: Tensor) -> Tensor:
+        # one fused kernel per parameter (m, v and the parameter in one pass; see AdamW for the arguments): written
+        # as ~20 elementwise ops per parameter, the update alone compiled for 21 s on swin_tiny (BENCHMARKS.md)
+        args = (param, m, v, lr * lr_factor, beta1, beta2, adam_eps, weight_decay * decay_factor,
+                ops.cast(grad, param.dtype))
+        if fused_op is not None and param.dtype == DTYPE:
+            return fused_op(*args)
+        return primitive(*args)
+
+    return graph
 
 
 UPDATE_STEPS = "adam_update_steps"
@@ -57,8 +70,9 @@ class AdamW(nn.Optimizer):
     """
 
     def __init__(self, params: list[dict[str, Any]], learning_rate: float | Sequence[float],
-                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, kernel: str = "mindspore") -> None:
         super().__init__(learning_rate, params)
+        self.update = _adamw_update_graph(kernel == "fused_cpu")
         self.beta1, self.beta2, self.eps = (Tensor(x, ms.float32) for x in (beta1, beta2, eps))
         self.moments1 = self._parameters.clone(prefix="adam_m", init="zeros")
         self.moments2 = self._parameters.clone(prefix="adam_v", init="zeros")
@@ -77,27 +91,31 @@ class AdamW(nn.Optimizer):
         lr_factor = sqrt_bias_c2 * ops.reciprocal(bias_c1)
         adam_eps, decay_factor = self.eps * sqrt_bias_c2, ops.reciprocal(lr_factor)
         if self.is_group_lr:
-            update = ops.partial(_adamw_update, self.beta1, self.beta2, adam_eps, lr_factor, decay_factor)
+            update = ops.partial(self.update, self.beta1, self.beta2, adam_eps, lr_factor, decay_factor)
             return self.hyper_map(update, lr, weight_decay, self._parameters, self.moments1, self.moments2,
                                   gradients)
-        update = ops.partial(_adamw_update, self.beta1, self.beta2, adam_eps, lr_factor, decay_factor, lr)
+        update = ops.partial(self.update, self.beta1, self.beta2, adam_eps, lr_factor, decay_factor, lr)
         return self.hyper_map(update, weight_decay, self._parameters, self.moments1, self.moments2, gradients)
 
 
 @OPTIMIZERS.register("adamw")
 def adamw(model: nn.Cell, lr: float | Sequence[float], weight_decay: float = 0.05,
-          betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8) -> nn.Optimizer:
-    """AdamW over `model`'s params with the no-decay groups; `lr` is a constant or one value per optimizer step."""
+          betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, kernel: str = "mindspore") -> nn.Optimizer:
+    """AdamW over `model`'s params with the no-decay groups; `lr` is a constant or one value per optimizer step;
+    `kernel` computes the update (`OPTIMIZER_KERNELS`)."""
     if weight_decay < 0:
         raise ConfigError(f"optimizer.weight_decay={weight_decay} must be >= 0")
-    return AdamW(param_groups(model, weight_decay), lr, beta1=betas[0], beta2=betas[1], eps=eps)
+    if kernel not in OPTIMIZER_KERNELS:
+        raise ConfigError(f"optimizer.kernel={kernel!r} is not one of {', '.join(OPTIMIZER_KERNELS)}; fused_cpu is "
+                          "swinexp's C++ update for CPU runs, mindspore the framework's kernel for any device")
+    return AdamW(param_groups(model, weight_decay), lr, beta1=betas[0], beta2=betas[1], eps=eps, kernel=kernel)
 
 
 @OPTIMIZERS.register("adamw_swin")
 def adamw_swin(model: nn.Cell, lr: float | Sequence[float], weight_decay: float = 0.05,
-               betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8) -> nn.Optimizer:
+               betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, kernel: str = "mindspore") -> nn.Optimizer:
     """The official Swin recipe's AdamW; its YAML quotes lr 5e-4 at total batch 512 (trainer.lr_batch_size)."""
-    return adamw(model, lr, weight_decay, betas, eps)
+    return adamw(model, lr, weight_decay, betas, eps, kernel)
 
 
 def lr_scale(total_batch: int, lr_batch_size: int | None) -> float:

@@ -53,6 +53,8 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
     overrides, smoke = [f"{group}={option}"], True
     if group == "model/formulation":  # chosen by the hardware presets, not directly
         overrides = [f"hardware={ {'cpu': 'cpu', 'ascend': 'ascend8', 'gpu': 'gpu8'}[option] }"]
+    if group == "optimizer/kernel":  # chosen by hardware=cpu, not directly
+        overrides = ["hardware=cpu"]
     if group == "experiment":
         smoke = False  # an experiment replaces the groups the smoke overrides would pin
         overrides.append("data.root=unused")  # composing needs no data
@@ -78,8 +80,11 @@ def test_option_composes_and_builds(compose: Callable[..., DictConfig], group: s
         transform = REGISTRIES[group].build(read(cfg).section("data")["augment"], img_size=32)
         out = transform(Image.new("RGB", (40, 30)), np.random.default_rng(0))
         assert out.shape == (3, 32, 32) and out.dtype == np.float32
-    elif group == "optimizer":
-        assert isinstance(REGISTRIES[group].build(read(cfg).section(group), model=_tiny_model()), nn.Optimizer)
+    elif group in ("optimizer", "optimizer/kernel"):  # a kernel preset is merged into `optimizer`
+        if group == "optimizer/kernel":
+            assert cfg.optimizer.kernel == OmegaConf.load(CONF_DIR / group / f"{option}.yaml").kernel
+        optimizer = REGISTRIES["optimizer"].build(read(cfg).section("optimizer"), model=_tiny_model())
+        assert isinstance(optimizer, nn.Optimizer)
     elif group == "scheduler":
         lr = REGISTRIES[group].build(read(cfg).section(group), base_lr=1e-3, epochs=3, steps_per_epoch=4)
         assert lr.shape == (12,) and lr.max() <= 1e-3 + 1e-9

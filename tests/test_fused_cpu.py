@@ -174,9 +174,11 @@ def test_no_compiler_is_refused_before_work_with_the_fix(compose: Callable[..., 
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(ConfigError, match=r"apt-get install g\+\+.*model\.kernels=mindspore"):
+    with pytest.raises(ConfigError, match=r"apt-get install g\+\+.*model\.kernels=mindspore optimizer\.kernel=mind"):
         resolve(compose("hardware=cpu"))
-    resolve(compose("hardware=cpu", "model.kernels=mindspore"))  # MindSpore's kernels need no compiler
+    with pytest.raises(ConfigError, match=r"^optimizer\.kernel=fused_cpu build .* optimizer\.kernel=mindspore$"):
+        resolve(compose("hardware=cpu", "model.kernels=mindspore"))
+    resolve(compose("hardware=cpu", "model.kernels=mindspore", "optimizer.kernel=mindspore"))  # no compiler needed
 
 
 def test_a_failed_compile_shows_the_compilers_output(fresh_cache: Path, tmp_path: Path,
@@ -192,5 +194,56 @@ def test_a_failed_compile_shows_the_compilers_output(fresh_cache: Path, tmp_path
 
 
 def test_fused_cpu_is_refused_on_a_card(compose: Callable[..., DictConfig]) -> None:
-    with pytest.raises(ConfigError, match="model.kernels=fused_cpu computes on the CPU.*device_target=Ascend"):
+    with pytest.raises(ConfigError, match="model.kernels=fused_cpu compute on the CPU.*device_target=Ascend"):
         resolve(compose("hardware=ascend8", "model.kernels=fused_cpu"), backend=False)
+    with pytest.raises(ConfigError, match="optimizer.kernel=fused_cpu compute on the CPU.*use optimizer.kernel=mind"):
+        resolve(compose("hardware=gpu", "optimizer.kernel=fused_cpu"), backend=False)
+
+
+def test_hardware_cpu_updates_with_the_fused_adamw_and_the_cards_with_mindsporess(
+        compose: Callable[..., DictConfig]) -> None:
+    assert resolve(compose(), backend=False).section("optimizer")["kernel"] == "fused_cpu"
+    for card in ("gpu", "ascend8"):
+        assert resolve(compose(f"hardware={card}"), backend=False).section("optimizer")["kernel"] == "mindspore"
+
+
+class _AdamWStep(ms.nn.Cell):
+    """One AdamWeightDecay-style update of (w, m, v) by `update`, returning w as read before and after it."""
+
+    def __init__(self, update: ms.ops.Primitive, w: np.ndarray) -> None:
+        super().__init__()
+        self.update = update
+        self.w = ms.Parameter(Tensor(w), name="w")
+        self.m = ms.Parameter(Tensor(np.zeros_like(w)), name="m")
+        self.v = ms.Parameter(Tensor(np.zeros_like(w)), name="v")
+        self.hyper = tuple(Tensor(x, ms.float32) for x in (1e-3, 0.9, 0.999, 1e-8, 0.05))
+
+    def construct(self, g: Tensor) -> tuple[Tensor, Tensor]:
+        before = self.w * 1.0
+        self.update(self.w, self.m, self.v, *self.hyper, g)
+        return before, self.w * 1.0
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])
+def test_fused_adamw_updates_in_place_as_mindsporess_kernel(mode: int) -> None:
+    """The same update as ops.AdamWeightDecay (m and v bit for bit; the parameter within float rounding, as nnacl
+    computes the square root and division in double), written into the Parameters, and ordered in the graph: a read
+    after the update sees it. 2**17 + 3 elements, so the update runs on every core with a ragged tail."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        rng = np.random.default_rng(3)
+        w = rng.standard_normal(2 ** 17 + 3).astype(np.float32)
+        ours, theirs = _AdamWStep(fused_cpu.FusedAdamWUpdate(), w), _AdamWStep(ms.ops.AdamWeightDecay(), w)
+        for _ in range(3):
+            g = Tensor(rng.standard_normal(w.shape).astype(np.float32))
+            (before, after), (their_before, their_after) = ours(g), theirs(g)
+            np.testing.assert_array_equal(before.asnumpy(), their_before.asnumpy())
+            assert not np.array_equal(after.asnumpy(), before.asnumpy())
+            np.testing.assert_allclose(after.asnumpy(), their_after.asnumpy(), rtol=3e-7, atol=3e-7)
+            np.testing.assert_array_equal(after.asnumpy(), ours.w.asnumpy())
+            ours.w.set_data(Tensor(their_after.asnumpy()))  # the next step starts from the same parameter
+            np.testing.assert_array_equal(ours.m.asnumpy(), theirs.m.asnumpy())
+            np.testing.assert_array_equal(ours.v.asnumpy(), theirs.v.asnumpy())
+    finally:
+        ms.set_context(mode=previous)

@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 
 from swinexp.build import build_experiment, resolve
 from swinexp.engine import checkpoint
-from swinexp.optim import UPDATE_STEPS, adamw, lr_scale, param_groups, warmup_cosine
+from swinexp.models import fused_cpu
+from swinexp.optim import OPTIMIZER_KERNELS, UPDATE_STEPS, adamw, lr_scale, param_groups, warmup_cosine
 from swinexp.registry import MODELS, ConfigError
 
 
@@ -48,12 +49,15 @@ def _torch_adamw(p: np.ndarray, grads: list[np.ndarray], lrs: list[float], wd: f
     return p
 
 
-def test_adamw_follows_torch_adamw_with_bias_correction_and_per_step_lr() -> None:
+@pytest.mark.parametrize("kernel", OPTIMIZER_KERNELS)
+def test_adamw_follows_torch_adamw_with_bias_correction_and_per_step_lr(kernel: str) -> None:
+    if kernel == "fused_cpu" and fused_cpu.compiler() is None:
+        pytest.skip("no C++ compiler to build the fused kernels")
     net = nn.Dense(3, 2)
     w0 = net.weight.asnumpy().astype(np.float64)
     b0 = net.bias.asnumpy().astype(np.float64)
     lrs = [0.1, 0.05, 0.01]
-    opt = adamw(net, Tensor(np.array(lrs, np.float32)), weight_decay=0.5)
+    opt = adamw(net, Tensor(np.array(lrs, np.float32)), weight_decay=0.5, kernel=kernel)
     rng = np.random.default_rng(0)
     grads = [(rng.normal(size=(2, 3)), rng.normal(size=(2,))) for _ in lrs]
     for gw, gb in grads:
@@ -61,6 +65,11 @@ def test_adamw_follows_torch_adamw_with_bias_correction_and_per_step_lr() -> Non
     np.testing.assert_allclose(net.weight.asnumpy(), _torch_adamw(w0, [g[0] for g in grads], lrs, 0.5), atol=1e-5)
     np.testing.assert_allclose(net.bias.asnumpy(), _torch_adamw(b0, [g[1] for g in grads], lrs, 0.0), atol=1e-5)
     assert int(opt.global_step.asnumpy()[0]) == 3
+
+
+def test_an_unknown_optimizer_kernel_is_refused_with_the_choices() -> None:
+    with pytest.raises(ConfigError, match="optimizer.kernel='fast' is not one of mindspore, fused_cpu"):
+        adamw(nn.Dense(3, 2), 1e-3, kernel="fast")
 
 
 def test_a_checkpoint_without_the_update_count_resumes_with_it_equal_to_the_step(tmp_path: Path) -> None:

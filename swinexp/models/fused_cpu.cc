@@ -252,3 +252,31 @@ extern "C" int SoftmaxBackward(int nparam, void **params, int *ndims, int64_t **
   });
   return 0;
 }
+
+// AdamW's update of one parameter, in place: MindSpore's AdamWeightDecay, the same inputs in the same order (var, m,
+// v written; lr, beta1, beta2, epsilon, decay one element each; gradient) and nnacl's AdamWeightDecayFp32 expression
+// in float, vectorized (MindSpore's CPU build runs it scalar, in double). Output: a (1,) placeholder.
+extern "C" int AdamWUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                           void *stream, void *extra) {
+  if (nparam != 10) return 1;
+  float *var = static_cast<float *>(params[0]);
+  float *m = static_cast<float *>(params[1]);
+  float *v = static_cast<float *>(params[2]);
+  const float lr = *static_cast<const float *>(params[3]);
+  const float beta1_minus = 1.0f - *static_cast<const float *>(params[4]);
+  const float beta2_minus = 1.0f - *static_cast<const float *>(params[5]);
+  const float epsilon = *static_cast<const float *>(params[6]);
+  const float decay = *static_cast<const float *>(params[7]);
+  const float *gradient = static_cast<const float *>(params[8]);
+  *static_cast<float *>(params[9]) = 0.0f;
+  parallel_for(numel(ndims[0], shapes[0]), kGrain, 16, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float m_new = m[i] + (gradient[i] - m[i]) * beta1_minus;
+      const float v_new = v[i] + (gradient[i] * gradient[i] - v[i]) * beta2_minus;
+      m[i] = m_new;
+      v[i] = v_new;
+      var[i] -= lr * (m_new / (std::sqrt(v_new) + epsilon) + decay * var[i]);
+    }
+  });
+  return 0;
+}

@@ -20,10 +20,12 @@ from pathlib import Path
 
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.ops import signature as sig
 
 from swinexp.registry import ConfigError
 
-__all__ = ["DTYPE", "KERNEL_MODES", "FusedGeluFn", "FusedLayerNormFn", "FusedSoftmaxFn", "check_compiler", "library"]
+__all__ = ["DTYPE", "KERNEL_MODES", "FusedAdamWUpdate", "FusedGeluFn", "FusedLayerNormFn", "FusedSoftmaxFn",
+           "check_compiler", "library"]
 
 KERNEL_MODES = ("mindspore", "fused_cpu")
 DTYPE = mstype.float32  # the only dtype the kernels compute
@@ -37,12 +39,14 @@ def compiler() -> str | None:
     return next((path for name in candidates if (path := shutil.which(name))), None)
 
 
-def check_compiler() -> None:
-    """Raise a ConfigError naming the fix when no C++ compiler can build the kernels (before any work starts)."""
+def check_compiler(keys: tuple[str, ...] = ("model.kernels",)) -> None:
+    """Raise a ConfigError naming the fix when no C++ compiler can build the kernels (before any work starts);
+    `keys` are the config keys set to fused_cpu."""
     if compiler() is None:
-        raise ConfigError("model.kernels=fused_cpu builds swinexp's fused CPU kernels with a C++ compiler, and none "
-                          "was found ($CXX, g++ or c++ on PATH): install one (e.g. apt-get install g++) or use "
-                          "MindSpore's kernels with model.kernels=mindspore")
+        chosen = " and ".join(f"{key}=fused_cpu" for key in keys)
+        raise ConfigError(f"{chosen} build swinexp's fused CPU kernels with a C++ compiler, and none was found ($CXX, "
+                          "g++ or c++ on PATH): install one (e.g. apt-get install g++) or use MindSpore's kernels "
+                          f"with {' '.join(f'{key}=mindspore' for key in keys)}")
 
 
 def cache_dir() -> Path:
@@ -98,9 +102,11 @@ def _same_dtype(x, *rest):
     return x
 
 
-def custom_op(function: str) -> ops.Custom:
-    """The Custom op running `function` of the library; its output has the first input's shape and dtype."""
-    return ops.Custom(f"{library()}:{function}", out_shape=_same_shape, out_dtype=_same_dtype, func_type="aot")
+def custom_op(function: str, out_shape=_same_shape, out_dtype=_same_dtype) -> ops.Custom:
+    """The Custom op running `function` of the library; by default its one output has the first input's shape and
+    dtype, else `out_shape`/`out_dtype` map the inputs' shapes/dtypes to the outputs' (MindSpore's inference hooks).
+    """
+    return ops.Custom(f"{library()}:{function}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")
 
 
 class FusedGeluFn(nn.Cell):
@@ -155,10 +161,8 @@ class FusedLayerNormFn(nn.Cell):
 
     def __init__(self, epsilon: float) -> None:
         super().__init__()
-        self.forward = ops.Custom(f"{library()}:LayerNormForward", out_shape=_layer_norm_shapes,
-                                  out_dtype=_layer_norm_dtypes, func_type="aot")
-        self.backward = ops.Custom(f"{library()}:LayerNormBackward", out_shape=_layer_norm_grad_shapes,
-                                   out_dtype=_layer_norm_grad_shapes, func_type="aot")
+        self.forward = custom_op("LayerNormForward", _layer_norm_shapes, _layer_norm_dtypes)
+        self.backward = custom_op("LayerNormBackward", _layer_norm_grad_shapes, _layer_norm_grad_shapes)
         self.epsilon = Tensor([epsilon], DTYPE)
 
     def construct(self, x: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -166,3 +170,29 @@ class FusedLayerNormFn(nn.Cell):
 
     def bprop(self, x: Tensor, gamma: Tensor, beta: Tensor, out: tuple, dout: tuple) -> tuple[Tensor, ...]:
         return self.backward(x, gamma, out[1], out[2], dout[0])
+
+
+def _placeholder_shape(*shapes):
+    return [1]
+
+
+def _placeholder_dtype(var, *rest):
+    return var
+
+
+class FusedAdamWUpdate(ops.Custom):
+    """MindSpore's `ops.AdamWeightDecay` as one vectorized C++ pass: the same arguments, var, m and v updated in place
+    (declared written, so the graph orders reads after it); returns a (1,) placeholder. float32 only.
+    """
+
+    __mindspore_signature__ = (
+        sig.make_sig("var", sig.sig_rw.RW_WRITE),
+        sig.make_sig("m", sig.sig_rw.RW_WRITE),
+        sig.make_sig("v", sig.sig_rw.RW_WRITE),
+        *(sig.make_sig(name) for name in ("lr", "beta1", "beta2", "epsilon", "decay", "gradient")),
+    )
+
+    def __init__(self) -> None:
+        super().__init__(f"{library()}:AdamWUpdate", out_shape=_placeholder_shape, out_dtype=_placeholder_dtype,
+                         func_type="aot")
+        self.add_prim_attr("side_effect_mem", True)
