@@ -263,3 +263,30 @@ def test_the_gelu_tail_polynomial_fits_erfcx() -> None:
     h = np.polynomial.polynomial.polyval(2 * t - 1, coefficients)
     assert len(coefficients) == 12
     assert np.abs(h / (special.erfcx(z) / t) - 1).max() < 6e-8
+
+
+@pytest.mark.parametrize("shapes", [((8, 3, 49, 49), (3, 49, 49)), ((2, 4, 3, 49, 49), (4, 3, 49, 49))],
+                         ids=["bias", "bias+mask per window"])
+def test_fused_bias_softmax_and_its_gradients_against_float64(shapes: tuple) -> None:
+    """softmax(x + bias) with the bias repeating over the leading blocks, as the attention adds its position bias
+    (and, shifted, bias + mask per window); the gradients of x and of the bias (summed over the blocks)."""
+    x_shape, bias_shape = shapes
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(x_shape).astype(np.float32) * 3
+    bias = rng.standard_normal(bias_shape).astype(np.float32) * 2
+    weights = Tensor(rng.standard_normal(x_shape).astype(np.float32))
+    fn = fused_cpu.FusedBiasSoftmaxFn()
+
+    def weighted_sum(a: Tensor, b: Tensor) -> Tensor:
+        return (fn(a, b) * weights).sum()
+
+    z = x.astype(np.float64) + bias
+    z = np.exp(z - z.max(-1, keepdims=True))
+    want_y = z / z.sum(-1, keepdims=True)
+    w = weights.asnumpy().astype(np.float64)
+    want_dx = want_y * (w - (want_y * w).sum(-1, keepdims=True))
+    want_dbias = want_dx.reshape((-1, *bias_shape)).sum(0)
+    dx, dbias = ms.grad(weighted_sum, grad_position=(0, 1))(Tensor(x), Tensor(bias))
+    assert np.abs(fn(Tensor(x), Tensor(bias)).asnumpy() - want_y).max() <= 1e-6
+    assert np.abs(dx.asnumpy() - want_dx).max() <= 1e-6 * np.abs(want_dx).max() + 1e-6
+    assert np.abs(dbias.asnumpy() - want_dbias).max() <= 1e-6 * np.abs(want_dbias).max() + 1e-6

@@ -27,7 +27,7 @@ from swinexp.models.layers import (
     window_reverse,
 )
 from swinexp.models.randomness import draw, philox_key
-from swinexp.models.swin import merge_2x2_reshape, merge_2x2_slice
+from swinexp.models.swin import SwinTransformerBlock, WindowAttention, merge_2x2_reshape, merge_2x2_slice
 from swinexp.registry import ConfigError
 from tests.conftest import CONF_DIR
 
@@ -361,8 +361,8 @@ def test_fused_cpu_kernels_compute_the_official_function(
     official_layout: tuple[Tensor, dict[str, np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
     formulation: tuple, mode: int,
 ) -> None:
-    """model.kernels=fused_cpu swaps GELU, LayerNorm and softmax for the C++ kernels; logits and gradients stay the
-    official ones."""
+    """model.kernels=fused_cpu swaps GELU, LayerNorm and the attention's bias add + softmax for the C++ kernels
+    (shifted blocks' masks included); logits and gradients stay the official ones."""
     x, state, (ref_out, ref_gx, ref_gp) = official_layout
     qkv, merging, bias, custom_bprop, permute = formulation
     model = micro(qkv=qkv, patch_merging=merging, rel_pos_bias=bias, custom_bprop=custom_bprop, permute=permute,
@@ -371,6 +371,10 @@ def test_fused_cpu_kernels_compute_the_official_function(
              LastAxisSoftmax: fused_cpu.FusedSoftmaxFn}
     cells = [(cell, kinds[type(cell)]) for _, cell in model.cells_and_names() if type(cell) in kinds]
     assert {type(cell) for cell, _ in cells} == set(kinds) and all(isinstance(c.fused, f) for c, f in cells)
+    attention = [cell for _, cell in model.cells_and_names() if isinstance(cell, WindowAttention)]
+    assert attention and all(isinstance(cell.bias_softmax, fused_cpu.FusedBiasSoftmaxFn) for cell in attention)
+    assert any(block.attn_mask is not None for _, block in model.cells_and_names()
+               if isinstance(block, SwinTransformerBlock))
     load_state(model, state)
     ms.set_context(mode=mode)
     try:

@@ -68,6 +68,19 @@ inline float lane_sum(int64_t n, F term) {
   return acc[0];
 }
 
+// max of v[0] .. v[n - 1] (n >= 1) in kLanes interleaved partial maxima, so the loop vectorizes.
+inline float lane_max(int64_t n, const float *v) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = v[0];
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], v[j + l]);
+  for (int l = 0; j + l < n; ++l) acc[l] = std::max(acc[l], v[j + l]);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] = std::max(acc[l], acc[l + width]);
+  return acc[0];
+}
+
 // exp(a) for a <= 0: Cephes' expf (range reduction by ln 2, degree-6 polynomial), branch-free so loops vectorize.
 inline float exp_nonpositive(float a) {
   a = std::max(a, -87.0f);
@@ -281,6 +294,67 @@ extern "C" int AdamWUpdate(int nparam, void **params, int *ndims, int64_t **shap
       m[i] = m_new;
       v[i] = v_new;
       var[i] -= lr * (m_new / (std::sqrt(v_new) + epsilon) + decay * var[i]);
+    }
+  });
+  return 0;
+}
+
+// Softmax over the last axis of x + bias, the bias repeating every `period` rows: x (rows, width) as (blocks, period,
+// width), bias (period, width); y = softmax(x + bias) per row. The attention's position bias (and shifted windows'
+// mask) added and normalized in one pass, where MindSpore broadcasts the bias, adds, then runs its Softmax.
+extern "C" int BiasSoftmaxForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                  void *stream, void *extra) {
+  if (nparam != 3 || ndims[0] < 1) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *bias = static_cast<const float *>(params[1]);
+  float *y = static_cast<float *>(params[2]);
+  const int64_t width = shapes[0][ndims[0] - 1];
+  if (width < 1 || shapes[1][ndims[1] - 1] != width) return 1;
+  const int64_t rows = numel(ndims[0], shapes[0]) / width, period = numel(ndims[1], shapes[1]) / width;
+  if (period < 1 || rows % period != 0) return 1;
+  parallel_for(rows, std::max<int64_t>(1, kGrain / width), 1, [=](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float *xr = x + r * width, *br = bias + (r % period) * width;
+      float *yr = y + r * width;
+      for (int64_t j = 0; j < width; ++j) yr[j] = xr[j] + br[j];
+      const float top = lane_max(width, yr);
+      for (int64_t j = 0; j < width; ++j) yr[j] = exp_nonpositive(yr[j] - top);
+      const float scale = 1.0f / lane_sum(width, [=](int64_t j) { return yr[j]; });
+      for (int64_t j = 0; j < width; ++j) yr[j] *= scale;
+    }
+  });
+  return 0;
+}
+
+// Backward of BiasSoftmaxForward. Inputs y, dy (rows, width), bias (period, width; only its shape is read); outputs
+// dx = y * (dy - sum(y * dy)) per row, and dbias = the sum of dx over the blocks, added in block order per bias row
+// (the same bits on one core or all).
+extern "C" int BiasSoftmaxBackward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                   void *stream, void *extra) {
+  if (nparam != 5 || ndims[0] < 1) return 1;
+  const float *y = static_cast<const float *>(params[0]);
+  const float *dy = static_cast<const float *>(params[1]);
+  float *dx = static_cast<float *>(params[3]);
+  float *dbias = static_cast<float *>(params[4]);
+  const int64_t width = shapes[0][ndims[0] - 1];
+  if (width < 1 || shapes[2][ndims[2] - 1] != width) return 1;
+  const int64_t rows = numel(ndims[0], shapes[0]) / width, period = numel(ndims[2], shapes[2]) / width;
+  if (period < 1 || rows % period != 0) return 1;
+  const int64_t blocks = rows / period;
+  parallel_for(period, std::max<int64_t>(1, kGrain / (width * blocks)), 1, [=](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      float *db = dbias + p * width;
+      std::fill(db, db + width, 0.0f);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t offset = (b * period + p) * width;
+        const float *yr = y + offset, *dyr = dy + offset;
+        float *dxr = dx + offset;
+        const float dot = lane_sum(width, [=](int64_t j) { return yr[j] * dyr[j]; });
+        for (int64_t j = 0; j < width; ++j) {
+          dxr[j] = yr[j] * (dyr[j] - dot);
+          db[j] += dxr[j];
+        }
+      }
     }
   });
   return 0;

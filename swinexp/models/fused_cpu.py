@@ -24,8 +24,8 @@ from mindspore.ops import signature as sig
 
 from swinexp.registry import ConfigError
 
-__all__ = ["DTYPE", "KERNEL_MODES", "FusedAdamWUpdate", "FusedGeluFn", "FusedLayerNormFn", "FusedSoftmaxFn",
-           "check_compiler", "library"]
+__all__ = ["DTYPE", "KERNEL_MODES", "FusedAdamWUpdate", "FusedBiasSoftmaxFn", "FusedGeluFn", "FusedLayerNormFn",
+           "FusedSoftmaxFn", "check_compiler", "library"]
 
 KERNEL_MODES = ("mindspore", "fused_cpu")
 DTYPE = mstype.float32  # the only dtype the kernels compute
@@ -140,6 +140,28 @@ class FusedSoftmaxFn(nn.Cell):
 
     def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
         return (self.backward(out, dout),)
+
+
+def _bias_softmax_grad_shapes(y, dy, bias):
+    return y, bias
+
+
+class FusedBiasSoftmaxFn(nn.Cell):
+    """softmax(x + bias) over the last axis, the bias repeating over x's leading blocks (x (..., P rows, M) with bias
+    (P rows, M) in the same row order: the attention's position bias, or bias + mask per window), one C++ pass each
+    way; the backward also sums the bias gradient over the blocks. float32 only.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forward = custom_op("BiasSoftmaxForward")
+        self.backward = custom_op("BiasSoftmaxBackward", _bias_softmax_grad_shapes, _bias_softmax_grad_shapes)
+
+    def construct(self, x: Tensor, bias: Tensor) -> Tensor:
+        return self.forward(x, bias)
+
+    def bprop(self, x: Tensor, bias: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor, Tensor]:
+        return self.backward(out, dout, bias)
 
 
 def _layer_norm_shapes(x, gamma, beta, epsilon):

@@ -21,8 +21,9 @@ Four more keep the computation and change its kernels:
   buffers for the graph's life, the second is slow, the third neither (kernels.py `Permute`, BENCHMARKS.md).
 - `patch_embed`: `conv` (`nn.Conv2d`; official) or `matmul` (the patches as rows of one MatMul, `PatchMatMul`): on
   CPU MindSpore's Conv2D runs this conv ~50x slower than the MatMul (BENCHMARKS.md).
-- `kernels`: `mindspore` (its primitives) or `fused_cpu` (GELU, and LayerNorm's and softmax's backward, as C++
-  passes where MindSpore's CPU backend runs chains of elementwise kernels and a slow `Erf`: fused_cpu.py).
+- `kernels`: `mindspore` (its primitives) or `fused_cpu` (GELU, LayerNorm, and the attention's bias add with its
+  softmax, as C++ passes where MindSpore's CPU backend runs chains of elementwise kernels and a slow `Erf`:
+  fused_cpu.py; float32 tensors only, others take the MindSpore path).
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from swinexp.models.fused_cpu import KERNEL_MODES
+from swinexp.models.fused_cpu import DTYPE as FUSED_DTYPE
+from swinexp.models.fused_cpu import KERNEL_MODES, FusedBiasSoftmaxFn
 from swinexp.models.kernels import (
     PERMUTE_MODES,
     AddBroadcast,
@@ -173,6 +175,9 @@ class WindowAttention(nn.Cell):
         # a cell, so AMP cell lists (keep softmax in fp32) can reach it
         self.softmax = LastAxisSoftmax(custom_bprop, formulation.fused_cpu)
         self.add_bias = AddBroadcast() if custom_bprop else None
+        # fp32 attention: bias add and softmax as one C++ pass each way (an fp16 amp policy takes the cells above)
+        self.bias_softmax = FusedBiasSoftmaxFn() if formulation.fused_cpu else None
+        self.fused_dtype = FUSED_DTYPE
         # BatchMatMul primitives, not ops.matmul: the functional form differentiates through explicit Transposes
         # (four per block), the primitive through BatchMatMuls with transpose flags; q @ k^T needs no k^T either
         self.qk_matmul = ops.BatchMatMul(transpose_b=True)
@@ -227,10 +232,14 @@ class WindowAttention(nn.Cell):
             bias = ops.cast(ops.reshape(mask, (nw, 1, n, n)), bias.dtype) + bias  # (nW, heads, N, N)
             attn = ops.reshape(attn, (b_ // nw, nw, self.num_heads, n, n))  # (B, nW, heads, N, N)
         bias = ops.cast(bias, attn.dtype)
-        # broadcast over B (and nW)
-        attn = attn + expand(bias, attn.shape) if self.add_bias is None else self.add_bias(attn, bias)
+        if self.bias_softmax is not None and attn.dtype == self.fused_dtype:
+            attn = self.bias_softmax(attn, bias)  # softmax(attn + bias), the bias repeating over B (and nW)
+        else:
+            # broadcast over B (and nW)
+            attn = attn + expand(bias, attn.shape) if self.add_bias is None else self.add_bias(attn, bias)
+            attn = self.softmax(attn)
         attn = ops.reshape(attn, (b_, self.num_heads, n, n))  # (B_, heads, N, N)
-        attn = self.attn_drop(self.softmax(attn), attn_key)
+        attn = self.attn_drop(attn, attn_key)
         x = self.reorder(self.av_matmul(attn, v), (0, 2, 1, 3))  # (B_, N, heads, hd)
         x = ops.reshape(x, (b_, n, c))  # (B_, N, C)
         return self.proj_drop(self.proj(x), proj_key)
