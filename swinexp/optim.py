@@ -14,7 +14,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from swinexp.models.fused_cpu import DTYPE, FusedAdamWUpdate
+from swinexp.models.fused_cpu import DTYPE, KERNEL_MODES, FusedAdamWUpdate
 from swinexp.registry import OPTIMIZERS, SCHEDULERS, ConfigError
 
 log = logging.getLogger("swinexp")
@@ -31,7 +31,7 @@ def param_groups(model: nn.Cell, weight_decay: float) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
-OPTIMIZER_KERNELS = ("mindspore", "fused_cpu")
+OPTIMIZER_KERNELS = KERNEL_MODES  # the model's choices: MindSpore's kernels, or fused_cpu.cc's
 
 
 def _adamw_update_graph(fused: bool) -> ops.MultitypeFuncGraph:
