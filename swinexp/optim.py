@@ -14,7 +14,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from swinexp.models.fused_cpu import DTYPE, KERNEL_MODES, FusedAdamWUpdate
+from swinexp.models.fused_cpu import DTYPE, KERNEL_MODES, FusedAdamWUpdate, FusedAdamWUpdateAll, GlobalNorm
 from swinexp.registry import OPTIMIZERS, SCHEDULERS, ConfigError
 
 log = logging.getLogger("swinexp")
@@ -77,8 +77,25 @@ class AdamW(nn.Optimizer):
         self.moments1 = self._parameters.clone(prefix="adam_m", init="zeros")
         self.moments2 = self._parameters.clone(prefix="adam_v", init="zeros")
         self.update_steps = Parameter(Tensor([0], ms.int32), name=UPDATE_STEPS, requires_grad=False)
+        # fused_cpu with one LR and float32 parameters (every CPU run): the whole update as one C++ call over all
+        # parameters, which also takes the train step's unscale and clip factors (`takes_gradient_factors`), and
+        # the global norm as another: two graph nodes where a map over the parameters compiled ~2 s on swin_tiny
+        self.takes_gradient_factors = (kernel == "fused_cpu" and not self.is_group_lr
+                                       and all(p.dtype == DTYPE for p in self._parameters))
+        if self.takes_gradient_factors:
+            self.update_all = FusedAdamWUpdateAll(len(self._parameters))
+            self.norm_all = GlobalNorm()
+            self.decays = Tensor(np.array([g["weight_decay"] for g in params for _ in g["params"]], np.float32))
+            self.one = Tensor(1.0, ms.float32)
 
-    def construct(self, gradients: tuple[Tensor, ...]) -> Tensor:
+    def gradient_norm(self, gradients: tuple[Tensor, ...], unscale: Tensor) -> Tensor:
+        """The global L2 norm of `unscale` x gradients, fp32 scalar (`takes_gradient_factors` only)."""
+        return self.norm_all(unscale, *gradients).reshape(())
+
+    def construct(self, gradients: tuple[Tensor, ...], unscale: Tensor | None = None,
+                  clip: Tensor | None = None) -> Tensor:
+        """One update from `gradients`; when `takes_gradient_factors`, each gradient is used times `unscale`, then
+        times `clip` (scalars, 1 when None), as if the caller had scaled them."""
         lr = self.get_lr()
         weight_decay = self.get_weight_decay()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
@@ -90,6 +107,11 @@ class AdamW(nn.Optimizer):
         # AdamW: p *= 1 - lr * wd; p -= lr / bc1 * m / (sqrt(v / bc2) + eps)
         lr_factor = sqrt_bias_c2 * ops.reciprocal(bias_c1)
         adam_eps, decay_factor = self.eps * sqrt_bias_c2, ops.reciprocal(lr_factor)
+        if self.takes_gradient_factors:
+            unscale = self.one if unscale is None else unscale
+            clip = self.one if clip is None else clip
+            return self.update_all(lr * lr_factor, self.beta1, self.beta2, adam_eps, decay_factor, unscale, clip,
+                                   self.decays, *self._parameters, *self.moments1, *self.moments2, *gradients)
         if self.is_group_lr:
             update = ops.partial(self.update, self.beta1, self.beta2, adam_eps, lr_factor, decay_factor)
             return self.hyper_map(update, lr, weight_decay, self._parameters, self.moments1, self.moments2,

@@ -118,7 +118,7 @@ def test_fused_softmax_gradient_against_float64() -> None:
 
 def test_results_do_not_depend_on_the_cores() -> None:
     """One core or all, bit for bit: every element is computed by the same expression (the chunks only split the
-    work), and LayerNorm's gamma/beta gradients add fixed blocks of rows in a fixed order."""
+    work), and LayerNorm's gamma/beta gradients and the global norm add fixed blocks in a fixed order."""
     script = ("import sys, numpy as np, mindspore as ms; from mindspore import Tensor\n"
               "from swinexp.models.kernels import ExactGELU\nfrom swinexp.models.fused_cpu import FusedLayerNormFn\n"
               "rng = np.random.default_rng(2)\n"
@@ -126,13 +126,15 @@ def test_results_do_not_depend_on_the_cores() -> None:
               "gamma, beta = (Tensor(rng.standard_normal(96).astype(np.float32)) for _ in range(2))\n"
               "norm = FusedLayerNormFn(1e-5)\n"
               "grads = ms.grad(lambda *a: (norm(*a)[0] ** 2).sum(), grad_position=(0, 1, 2))(x, gamma, beta)\n"
-              "for t in (ExactGELU(fused=True)(x), *grads):\n"
+              "from swinexp.models.fused_cpu import GlobalNorm\n"
+              "norm_all = GlobalNorm()(Tensor(np.float32(0.5)), x, gamma, *grads)\n"
+              "for t in (ExactGELU(fused=True)(x), *grads, norm_all):\n"
               "    sys.stdout.buffer.write(t.asnumpy().tobytes())")
     outputs = []
     for cores in ({0}, set(range(os.cpu_count() or 1))):
         outputs.append(subprocess.run([sys.executable, "-c", script], capture_output=True, check=True, cwd=ROOT,
                                       preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores)).stdout)
-    assert len(outputs[0]) == 4 * (2 * 3136 * 96 + 2 * 96) and outputs[0] == outputs[1]
+    assert len(outputs[0]) == 4 * (2 * 3136 * 96 + 2 * 96 + 1) and outputs[0] == outputs[1]
 
 
 @pytest.fixture
@@ -290,3 +292,71 @@ def test_fused_bias_softmax_and_its_gradients_against_float64(shapes: tuple) -> 
     assert np.abs(fn(Tensor(x), Tensor(bias)).asnumpy() - want_y).max() <= 1e-6
     assert np.abs(dx.asnumpy() - want_dx).max() <= 1e-6 * np.abs(want_dx).max() + 1e-6
     assert np.abs(dbias.asnumpy() - want_dbias).max() <= 1e-6 * np.abs(want_dbias).max() + 1e-6
+
+
+# sizes around the kernels' block (8192) and grain (32768): tensors a thread shares, and one split across threads
+SIZES = ((7,), (96,), (3, 5), (8192,), (8193,), (96, 384), (2 ** 17 + 3,), (1,))
+
+
+def test_global_norm_is_the_float64_norm_of_the_scaled_tensors_and_sees_non_finite_ones() -> None:
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(shape).astype(np.float32) * 10 ** rng.uniform(-3, 3) for shape in SIZES]
+    factor = np.float32(2.0 ** -7)
+    want = math.sqrt(sum(float(((factor * a.astype(np.float64)) ** 2).sum()) for a in arrays))
+    op = fused_cpu.GlobalNorm()
+    got = op(Tensor(factor), *(Tensor(a) for a in arrays)).asnumpy()
+    assert got.shape == (1,) and got[0] == pytest.approx(want, rel=1e-6)
+    for bad in (np.inf, np.nan):
+        arrays[4][8192] = bad  # the last element of a tensor, alone in its block
+        assert not np.isfinite(op(Tensor(factor), *(Tensor(a) for a in arrays)).asnumpy()[0])
+    with pytest.raises(TypeError, match="float32 tensors only.*optimizer.kernel=mindspore"):
+        op(Tensor(factor), Tensor(arrays[0].astype(np.float16)))
+
+
+class _AdamWAll(ms.nn.Cell):
+    """AdamWUpdateAll over parameters of SIZES, returning them as read before and after it."""
+
+    def __init__(self, weights: list[np.ndarray], decays: np.ndarray) -> None:
+        super().__init__()
+        self.update = fused_cpu.FusedAdamWUpdateAll(len(weights))
+        def parameters(prefix: str, zeros: bool) -> ms.ParameterTuple:
+            return ms.ParameterTuple([ms.Parameter(Tensor(np.zeros_like(w) if zeros else w), name=f"{prefix}{i}")
+                                      for i, w in enumerate(weights)])
+
+        self.w, self.m, self.v = parameters("w", False), parameters("m", True), parameters("v", True)
+        self.decays = Tensor(decays)
+        self.hyper = tuple(Tensor(x, ms.float32) for x in (1e-3, 0.9, 0.999, 1e-8, 2.0))
+
+    def construct(self, unscale: Tensor, clip: Tensor, *grads: Tensor) -> tuple:
+        before = tuple(w * 1.0 for w in self.w)
+        self.update(*self.hyper, unscale, clip, self.decays, *self.w, *self.m, *self.v, *grads)
+        return before, tuple(w * 1.0 for w in self.w)
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])
+def test_fused_adamw_over_all_parameters_is_the_per_parameter_update_of_the_scaled_gradients(mode: int) -> None:
+    """AdamWUpdateAll equals AdamWUpdate per parameter given (g x unscale) x clip and decay x decay_factor, bit for
+    bit, for every parameter whatever thread its elements fall to; in place, and ordered before later reads."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        rng = np.random.default_rng(6)
+        weights = [rng.standard_normal(shape).astype(np.float32) for shape in SIZES]
+        decays = np.array([0.05 if len(shape) > 1 else 0.0 for shape in SIZES], np.float32)
+        ours = _AdamWAll(weights, decays)
+        theirs = [_AdamWStep(fused_cpu.FusedAdamWUpdate(), w) for w in weights]
+        unscale, clip = np.float32(2.0 ** -10), np.float32(0.37)
+        for _ in range(3):
+            grads = [rng.standard_normal(w.shape).astype(np.float32) * 1000 for w in weights]
+            before, after = ours(Tensor(unscale), Tensor(clip), *(Tensor(g) for g in grads))
+            for i, (step, g) in enumerate(zip(theirs, grads)):
+                step.hyper = (*step.hyper[:4], Tensor(decays[i] * np.float32(2.0)))
+                their_before, their_after = step(Tensor(g * unscale * clip))
+                np.testing.assert_array_equal(before[i].asnumpy(), their_before.asnumpy())
+                assert not np.array_equal(after[i].asnumpy(), before[i].asnumpy())
+                np.testing.assert_array_equal(after[i].asnumpy(), their_after.asnumpy())
+                np.testing.assert_array_equal(ours.w[i].asnumpy(), their_after.asnumpy())
+                np.testing.assert_array_equal(ours.m[i].asnumpy(), step.m.asnumpy())
+                np.testing.assert_array_equal(ours.v[i].asnumpy(), step.v.asnumpy())
+    finally:
+        ms.set_context(mode=previous)

@@ -47,12 +47,13 @@ def test_fp16_overflow_is_skipped_and_halves_the_scale() -> None:
     assert _step_count(optimizer) == 1  # no update, but the LR schedule moves on (as the official loop)
 
 
-def test_an_overflow_skipped_step_still_advances_the_lr_schedule() -> None:
+@pytest.mark.parametrize("kernel", ["mindspore", "fused_cpu"])
+def test_an_overflow_skipped_step_still_advances_the_lr_schedule(kernel: str) -> None:
     # scale 2^40 overflows fp16; the factor 2^30 brings the next step down to 2^10, which does not
     policy = AMP_POLICIES.build({"name": "o3", "init_scale": 2.0**40, "scale_factor": 2**30})
     net = policy.apply(_dense())
     lrs = np.array([0.1, 0.01, 0.001], np.float32)
-    optimizer = adamw(net, Tensor(lrs), weight_decay=0.0)
+    optimizer = adamw(net, Tensor(lrs), weight_decay=0.0, kernel=kernel)
     step = make_train_step(net, optimizer, policy, clip_grad=None, jit=True)
     before = _weights(net)
     assert step(*_batch(8)).overflow
@@ -136,6 +137,33 @@ def test_clipping_bounds_the_unscaled_gradient_norm() -> None:
     moved = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(_weights(net), before)))
     assert out.grad_norm > 1e-2 and not out.overflow  # logged before clipping, unscaled
     assert moved == pytest.approx(1e-3, rel=1e-3)  # SGD lr 1: the step is the clipped gradient
+
+
+def _adamw_run(kernel: str, clip_grad: float | None) -> tuple[list[np.ndarray], list[tuple[float, ...]]]:
+    policy = AMP_POLICIES.build({"name": "o2", "init_scale": 2.0**12, "scale_window": 2})
+    net = policy.apply(_mlp())
+    for i, p in enumerate(net.trainable_params()):
+        p.set_data(Tensor(np.random.default_rng(i).normal(0, 0.5, p.shape).astype(np.float32)))
+    optimizer = adamw(net, Tensor(np.linspace(1e-2, 1e-3, 4, dtype=np.float32)), weight_decay=0.05, kernel=kernel)
+    step = make_train_step(net, optimizer, policy, clip_grad, jit=True, accumulation_steps=2)
+    outs = [step(*_batch(4, seed=i)) for i in range(8)]
+    return _weights(net), [(o.loss, o.grad_norm, o.overflow, o.loss_scale) for o in outs if o.updated]
+
+
+@pytest.mark.parametrize("clip_grad", [None, 0.5], ids=["no-clip", "clip"])
+def test_the_fused_cpu_update_trains_as_the_mindspore_kernels(clip_grad: float | None) -> None:
+    """optimizer.kernel=fused_cpu takes the whole update as one C++ call (the unscale and clip applied as it reads
+    the gradients, the norm another call): the same run as MindSpore's per-parameter kernels, loss scaling, gradient
+    accumulation, decayed and undecayed parameters and (active) clipping included."""
+    ours, our_steps = _adamw_run("fused_cpu", clip_grad)
+    theirs, their_steps = _adamw_run("mindspore", clip_grad)
+    assert len(our_steps) == 4 and [s[3] for s in our_steps] == [s[3] for s in their_steps]  # the scale grew
+    for a, b in zip(our_steps, their_steps):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    if clip_grad is not None:
+        assert all(s[1] > clip_grad for s in our_steps)  # every update was clipped
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_clip_by_global_norm_leaves_small_gradients_alone() -> None:

@@ -161,9 +161,14 @@ def scale_all(grads: tuple[Tensor, ...], factor: Tensor) -> tuple[Tensor, ...]:
     return _map(ops.partial(_times, factor), grads)
 
 
+def clip_coefficient(norm: Tensor, max_norm: float) -> Tensor:
+    """torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6) when that is < 1, else 1."""
+    return ops.minimum(max_norm / (norm + 1e-6), 1.0)
+
+
 def clip_by_global_norm(grads: tuple[Tensor, ...], norm: Tensor, max_norm: float) -> tuple[Tensor, ...]:
-    """torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when that is < 1."""
-    return scale_all(grads, ops.minimum(max_norm / (norm + 1e-6), 1.0))
+    """torch.nn.utils.clip_grad_norm_: every gradient times `clip_coefficient`."""
+    return scale_all(grads, clip_coefficient(norm, max_norm))
 
 
 class GraphStep(nn.Cell):
@@ -315,6 +320,8 @@ class TrainStep:
         adjusts_scale = isinstance(scaler, DynamicLossScaler)  # a static scaler's adjust() does nothing
         advance = ops.AssignAdd()
         dot_norm = ms.get_context("device_target") == "CPU"  # see global_norm
+        fold_factors = getattr(optimizer, "takes_gradient_factors", False)  # optim.AdamW, optimizer.kernel=fused_cpu
+        one = Tensor(1.0, ms.float32)
         if distributed:
             reduce_grads = nn.DistributedGradReducer(params, mean=True)
             all_sum = ops.AllReduce(ops.ReduceOp.SUM)
@@ -327,17 +334,25 @@ class TrainStep:
                 grads = reduce_grads(grads)  # mean over ranks, once per optimizer step
                 # a rank that dropped an overflowing micro-batch makes every rank skip, so weights stay equal
                 clean = all_sum(ops.cast(ops.logical_not(clean), ms.float32)) == 0
-            if not (unscaled and count == 1.0):  # decided when the graph is built: no pass of x1.0 over every grad
-                grads = scale_all(grads, 1.0 / (scale * count))
-            norm = global_norm(grads, dot_norm)
+            # decided when the graph is built: no pass of x1.0 over every grad
+            unscale = one if unscaled and count == 1.0 else 1.0 / (scale * count)
+            if fold_factors:  # the optimizer's kernels apply unscale and clip as they read the gradients
+                norm = optimizer.gradient_norm(grads, unscale)
+            else:
+                if not (unscaled and count == 1.0):
+                    grads = scale_all(grads, unscale)
+                norm = global_norm(grads, dot_norm)
             # finite norm <=> finite gradients on an IEEE device (short of a norm above 1.8e19, a diverged run), and
             # no second pass over every gradient: all_finite's per-parameter checks cost ~1.5 s of compile and
             # ~0.15 s per step. A saturating Ascend keeps the norm finite: there `clean` carries its status register.
             finite = ops.logical_and(ops.isfinite(norm), clean)
             if finite:
-                if clip_grad is not None:
-                    grads = clip_by_global_norm(grads, norm, clip_grad)
-                optimizer(grads)
+                if fold_factors:
+                    optimizer(grads, unscale, one if clip_grad is None else clip_coefficient(norm, clip_grad))
+                else:
+                    if clip_grad is not None:
+                        grads = clip_by_global_norm(grads, norm, clip_grad)
+                    optimizer(grads)
             else:
                 # a skipped step still advances the LR schedule, as the official loop's step_update on every
                 # iteration; the update count behind AdamW's bias correction stays (optim.AdamW.update_steps)

@@ -359,3 +359,76 @@ extern "C" int BiasSoftmaxBackward(int nparam, void **params, int *ndims, int64_
   });
   return 0;
 }
+
+// The global L2 norm of many tensors scaled by one factor, sqrt(sum((factor * g)^2)), for the update's clip and
+// overflow check: inputs factor (one element), then the tensors; output (1,). The sum is taken over fixed blocks
+// of every tensor (lane sums, float), the blocks' partials added in double in their order: the result depends on
+// the values only, not on the number of threads.
+extern "C" int GlobalNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                          void *extra) {
+  if (nparam < 3) return 1;
+  const float factor = *static_cast<const float *>(params[0]);
+  const int tensors = nparam - 2;
+  constexpr int64_t kBlock = 1 << 13;
+  std::vector<std::pair<const float *, int64_t>> blocks;  // (start, length)
+  for (int t = 0; t < tensors; ++t) {
+    const float *g = static_cast<const float *>(params[1 + t]);
+    const int64_t n = numel(ndims[1 + t], shapes[1 + t]);
+    for (int64_t b = 0; b < n; b += kBlock) blocks.emplace_back(g + b, std::min(kBlock, n - b));
+  }
+  std::vector<double> partial(blocks.size());
+  parallel_for(static_cast<int64_t>(blocks.size()), kGrain / kBlock, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float *g = blocks[b].first;
+      partial[b] = lane_sum(blocks[b].second, [=](int64_t i) {
+        const float x = factor * g[i];
+        return x * x;
+      });
+    }
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  *static_cast<float *>(params[nparam - 1]) = static_cast<float>(std::sqrt(total));
+  return 0;
+}
+
+// AdamW over all parameters in one call: AdamWUpdate's expression per element, every parameter's gradient first
+// multiplied by two factors in turn (the unscale 1 / (loss scale * micro-batches), then the clip coefficient: what
+// the train step's two passes over the gradients computed). Inputs: lr, beta1, beta2, epsilon, decay_factor,
+// unscale, clip (one element each), decays (N,) (each parameter's weight decay, times decay_factor here), then var
+// x N, m x N, v x N (written in place) and gradient x N; output: a (1,) placeholder. The parameters are one index
+// space cut into per-core chunks, so small parameters share a thread and large ones are split.
+extern "C" int AdamWUpdateAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                              void *stream, void *extra) {
+  constexpr int kScalars = 8;  // lr .. clip, and decays
+  if (nparam < kScalars + 5 || (nparam - kScalars - 1) % 4 != 0) return 1;
+  const int count = (nparam - kScalars - 1) / 4;
+  auto scalar = [&](int i) { return *static_cast<const float *>(params[i]); };
+  const float lr = scalar(0), beta1_minus = 1.0f - scalar(1), beta2_minus = 1.0f - scalar(2);
+  const float epsilon = scalar(3), decay_factor = scalar(4), unscale = scalar(5), clip = scalar(6);
+  const float *decays = static_cast<const float *>(params[7]);
+  if (numel(ndims[7], shapes[7]) != count) return 1;
+  std::vector<int64_t> offset(count + 1, 0);
+  for (int t = 0; t < count; ++t) offset[t + 1] = offset[t] + numel(ndims[kScalars + t], shapes[kScalars + t]);
+  *static_cast<float *>(params[nparam - 1]) = 0.0f;
+  parallel_for(offset[count], kGrain, 16, [&](int64_t begin, int64_t end) {
+    int t = static_cast<int>(std::upper_bound(offset.begin(), offset.end(), begin) - offset.begin()) - 1;
+    for (; t < count && offset[t] < end; ++t) {
+      float *var = static_cast<float *>(params[kScalars + t]);
+      float *m = static_cast<float *>(params[kScalars + count + t]);
+      float *v = static_cast<float *>(params[kScalars + 2 * count + t]);
+      const float *gradient = static_cast<const float *>(params[kScalars + 3 * count + t]);
+      const float decay = decays[t] * decay_factor;
+      const int64_t lo = std::max(begin, offset[t]) - offset[t], hi = std::min(end, offset[t + 1]) - offset[t];
+      for (int64_t i = lo; i < hi; ++i) {
+        const float g = gradient[i] * unscale * clip;
+        const float m_new = m[i] + (g - m[i]) * beta1_minus;
+        const float v_new = v[i] + (g * g - v[i]) * beta2_minus;
+        m[i] = m_new;
+        v[i] = v_new;
+        var[i] -= lr * (m_new / (std::sqrt(v_new) + epsilon) + decay * var[i]);
+      }
+    }
+  });
+  return 0;
+}

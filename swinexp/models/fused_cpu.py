@@ -24,8 +24,8 @@ from mindspore.ops import signature as sig
 
 from swinexp.registry import ConfigError
 
-__all__ = ["DTYPE", "KERNEL_MODES", "FusedAdamWUpdate", "FusedBiasSoftmaxFn", "FusedGeluFn", "FusedLayerNormFn",
-           "FusedSoftmaxFn", "check_compiler", "library"]
+__all__ = ["DTYPE", "KERNEL_MODES", "FusedAdamWUpdate", "FusedAdamWUpdateAll", "FusedBiasSoftmaxFn", "FusedGeluFn",
+           "FusedLayerNormFn", "FusedSoftmaxFn", "GlobalNorm", "check_compiler", "library"]
 
 KERNEL_MODES = ("mindspore", "fused_cpu")
 DTYPE = mstype.float32  # the only dtype the kernels compute
@@ -218,3 +218,44 @@ class FusedAdamWUpdate(ops.Custom):
         super().__init__(f"{library()}:AdamWUpdate", out_shape=_placeholder_shape, out_dtype=_placeholder_dtype,
                          func_type="aot")
         self.add_prim_attr("side_effect_mem", True)
+
+
+def _float32_only(what: str):
+    def out_dtype(*dtypes):
+        others = sorted({str(d) for d in dtypes if "Float32" not in str(d)})  # Float32, Tensor[..], Ref[Tensor[..]]
+        if others:
+            raise TypeError(f"{what} computes float32 tensors only and was given {', '.join(others)}: use "
+                            "optimizer.kernel=mindspore for parameters or gradients of other dtypes")
+        return DTYPE
+    return out_dtype
+
+
+class GlobalNorm(ops.Custom):
+    """sqrt(sum((factor * g) ** 2)) over every tensor g given, in one C++ pass: `(factor, *tensors) -> (1,)`, the sum
+    in fixed blocks (its value does not depend on the thread count). float32 only."""
+
+    def __init__(self) -> None:
+        super().__init__(f"{library()}:GlobalNorm", out_shape=_placeholder_shape,
+                         out_dtype=_float32_only("GlobalNorm"), func_type="aot")
+
+
+@cache
+def _update_all_class(count: int) -> type:
+    """FusedAdamWUpdateAll's op class for `count` parameters: MindSpore reads which inputs are written from the class's
+    signature, and here that depends on the count."""
+    written = [sig.make_sig(f"{kind}{i}", sig.sig_rw.RW_WRITE) for kind in ("var", "m", "v") for i in range(count)]
+    scalars = ("lr", "beta1", "beta2", "epsilon", "decay_factor", "unscale", "clip", "decays")
+    signature = (*(sig.make_sig(name) for name in scalars), *written,
+                 *(sig.make_sig(f"gradient{i}") for i in range(count)))
+    return type(f"FusedAdamWUpdateAll{count}", (ops.Custom,), {"__mindspore_signature__": signature})
+
+
+def FusedAdamWUpdateAll(count: int) -> ops.Custom:  # noqa: N802 - builds a Custom op, like a class
+    """AdamW over `count` float32 parameters in one C++ call (fused_cpu.cc's AdamWUpdateAll): inputs lr, beta1, beta2,
+    epsilon, decay_factor, unscale, clip (scalars), decays (count,), then the parameters, first moments and second
+    moments (updated in place) and the gradients, `count` each; each gradient is multiplied by unscale, then by clip
+    (the train step's two passes), each parameter's decay by decay_factor. Returns a (1,) placeholder."""
+    op = _update_all_class(count)(f"{library()}:AdamWUpdateAll", out_shape=_placeholder_shape,
+                                  out_dtype=_float32_only("AdamWUpdateAll"), func_type="aot")
+    op.add_prim_attr("side_effect_mem", True)
+    return op
