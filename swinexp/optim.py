@@ -92,14 +92,21 @@ class AdamW(nn.Optimizer):
         """The global L2 norm of `unscale` x gradients, fp32 scalar (`takes_gradient_factors` only)."""
         return self.norm_all(unscale, *gradients).reshape(())
 
-    def construct(self, gradients: tuple[Tensor, ...], unscale: Tensor | None = None,
-                  clip: Tensor | None = None) -> Tensor:
+    def construct(self, gradients: tuple[Tensor, ...], unscale: Tensor | None = None, clip: Tensor | None = None,
+                  apply: Tensor | None = None) -> Tensor:
         """One update from `gradients`; when `takes_gradient_factors`, each gradient is used times `unscale`, then
-        times `clip` (scalars, 1 when None), as if the caller had scaled them."""
+        times `clip` (scalars, 1 when None), as if the caller had scaled them, and a False `apply` (a bool scalar:
+        the gradients overflowed) leaves parameters, moments and `update_steps` as they were, `global_step` advanced.
+        """
         lr = self.get_lr()
         weight_decay = self.get_weight_decay()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
-        self.assignadd(self.update_steps, self.global_step_increase_tensor)
+        if self.takes_gradient_factors and apply is not None:
+            apply = ops.cast(apply, ms.float32)
+            self.assignadd(self.update_steps, ops.cast(apply, ms.int32).reshape((1,)))
+        else:
+            apply = self.one if self.takes_gradient_factors else None
+            self.assignadd(self.update_steps, self.global_step_increase_tensor)
         step = ops.cast(self.update_steps, ms.float32).reshape(())
         bias_c1, sqrt_bias_c2 = 1.0 - ops.pow(self.beta1, step), ops.sqrt(1.0 - ops.pow(self.beta2, step))
         # MindSpore's AdamWeightDecay: p -= lr' * (m / (sqrt(v) + eps') + wd' * p), no bias correction. With
@@ -111,7 +118,7 @@ class AdamW(nn.Optimizer):
             unscale = self.one if unscale is None else unscale
             clip = self.one if clip is None else clip
             return self.update_all(lr * lr_factor, self.beta1, self.beta2, adam_eps, decay_factor, unscale, clip,
-                                   self.decays, *self._parameters, *self.moments1, *self.moments2, *gradients)
+                                   apply, self.decays, *self._parameters, *self.moments1, *self.moments2, *gradients)
         if self.is_group_lr:
             update = ops.partial(self.update, self.beta1, self.beta2, adam_eps, lr_factor, decay_factor)
             return self.hyper_map(update, lr, weight_decay, self._parameters, self.moments1, self.moments2,

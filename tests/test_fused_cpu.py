@@ -327,16 +327,17 @@ class _AdamWAll(ms.nn.Cell):
         self.decays = Tensor(decays)
         self.hyper = tuple(Tensor(x, ms.float32) for x in (1e-3, 0.9, 0.999, 1e-8, 2.0))
 
-    def construct(self, unscale: Tensor, clip: Tensor, *grads: Tensor) -> tuple:
+    def construct(self, unscale: Tensor, clip: Tensor, apply: Tensor, *grads: Tensor) -> tuple:
         before = tuple(w * 1.0 for w in self.w)
-        self.update(*self.hyper, unscale, clip, self.decays, *self.w, *self.m, *self.v, *grads)
+        self.update(*self.hyper, unscale, clip, apply, self.decays, *self.w, *self.m, *self.v, *grads)
         return before, tuple(w * 1.0 for w in self.w)
 
 
 @pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])
 def test_fused_adamw_over_all_parameters_is_the_per_parameter_update_of_the_scaled_gradients(mode: int) -> None:
     """AdamWUpdateAll equals AdamWUpdate per parameter given (g x unscale) x clip and decay x decay_factor, bit for
-    bit, for every parameter whatever thread its elements fall to; in place, and ordered before later reads."""
+    bit, for every parameter whatever thread its elements fall to; in place, and ordered before later reads; with
+    apply 0 (an overflow-skipped step) it changes nothing."""
     previous = ms.get_context("mode")
     ms.set_context(mode=mode)
     try:
@@ -348,7 +349,11 @@ def test_fused_adamw_over_all_parameters_is_the_per_parameter_update_of_the_scal
         unscale, clip = np.float32(2.0 ** -10), np.float32(0.37)
         for _ in range(3):
             grads = [rng.standard_normal(w.shape).astype(np.float32) * 1000 for w in weights]
-            before, after = ours(Tensor(unscale), Tensor(clip), *(Tensor(g) for g in grads))
+            state = [p.asnumpy().copy() for p in (*ours.w, *ours.m, *ours.v)]
+            ours(Tensor(unscale), Tensor(clip), Tensor(np.float32(0)), *(Tensor(g) for g in grads))
+            for kept, p in zip(state, (*ours.w, *ours.m, *ours.v)):
+                np.testing.assert_array_equal(p.asnumpy(), kept)
+            before, after = ours(Tensor(unscale), Tensor(clip), Tensor(np.float32(1)), *(Tensor(g) for g in grads))
             for i, (step, g) in enumerate(zip(theirs, grads)):
                 step.hyper = (*step.hyper[:4], Tensor(decays[i] * np.float32(2.0)))
                 their_before, their_after = step(Tensor(g * unscale * clip))

@@ -395,22 +395,24 @@ extern "C" int GlobalNorm(int nparam, void **params, int *ndims, int64_t **shape
 // AdamW over all parameters in one call: AdamWUpdate's expression per element, every parameter's gradient first
 // multiplied by two factors in turn (the unscale 1 / (loss scale * micro-batches), then the clip coefficient: what
 // the train step's two passes over the gradients computed). Inputs: lr, beta1, beta2, epsilon, decay_factor,
-// unscale, clip (one element each), decays (N,) (each parameter's weight decay, times decay_factor here), then var
-// x N, m x N, v x N (written in place) and gradient x N; output: a (1,) placeholder. The parameters are one index
-// space cut into per-core chunks, so small parameters share a thread and large ones are split.
+// unscale, clip, apply (one element each; apply 0 leaves everything as it is: the train step's overflow skip, with
+// no branch in its graph), decays (N,) (each parameter's weight decay, times decay_factor here), then var x N,
+// m x N, v x N (written in place) and gradient x N; output: a (1,) placeholder. The parameters are one index space
+// cut into per-core chunks, so small parameters share a thread and large ones are split.
 extern "C" int AdamWUpdateAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                               void *stream, void *extra) {
-  constexpr int kScalars = 8;  // lr .. clip, and decays
+  constexpr int kScalars = 9;  // lr .. apply, and decays
   if (nparam < kScalars + 5 || (nparam - kScalars - 1) % 4 != 0) return 1;
   const int count = (nparam - kScalars - 1) / 4;
   auto scalar = [&](int i) { return *static_cast<const float *>(params[i]); };
   const float lr = scalar(0), beta1_minus = 1.0f - scalar(1), beta2_minus = 1.0f - scalar(2);
   const float epsilon = scalar(3), decay_factor = scalar(4), unscale = scalar(5), clip = scalar(6);
-  const float *decays = static_cast<const float *>(params[7]);
-  if (numel(ndims[7], shapes[7]) != count) return 1;
+  const float *decays = static_cast<const float *>(params[8]);
+  if (numel(ndims[8], shapes[8]) != count) return 1;
+  *static_cast<float *>(params[nparam - 1]) = 0.0f;
+  if (scalar(7) == 0.0f) return 0;
   std::vector<int64_t> offset(count + 1, 0);
   for (int t = 0; t < count; ++t) offset[t + 1] = offset[t] + numel(ndims[kScalars + t], shapes[kScalars + t]);
-  *static_cast<float *>(params[nparam - 1]) = 0.0f;
   parallel_for(offset[count], kGrain, 16, [&](int64_t begin, int64_t end) {
     int t = static_cast<int>(std::upper_bound(offset.begin(), offset.end(), begin) - offset.begin()) - 1;
     for (; t < count && offset[t] < end; ++t) {

@@ -244,7 +244,7 @@ def _update_all_class(count: int) -> type:
     """FusedAdamWUpdateAll's op class for `count` parameters: MindSpore reads which inputs are written from the class's
     signature, and here that depends on the count."""
     written = [sig.make_sig(f"{kind}{i}", sig.sig_rw.RW_WRITE) for kind in ("var", "m", "v") for i in range(count)]
-    scalars = ("lr", "beta1", "beta2", "epsilon", "decay_factor", "unscale", "clip", "decays")
+    scalars = ("lr", "beta1", "beta2", "epsilon", "decay_factor", "unscale", "clip", "apply", "decays")
     signature = (*(sig.make_sig(name) for name in scalars), *written,
                  *(sig.make_sig(f"gradient{i}") for i in range(count)))
     return type(f"FusedAdamWUpdateAll{count}", (ops.Custom,), {"__mindspore_signature__": signature})
@@ -252,9 +252,10 @@ def _update_all_class(count: int) -> type:
 
 def FusedAdamWUpdateAll(count: int) -> ops.Custom:  # noqa: N802 - builds a Custom op, like a class
     """AdamW over `count` float32 parameters in one C++ call (fused_cpu.cc's AdamWUpdateAll): inputs lr, beta1, beta2,
-    epsilon, decay_factor, unscale, clip (scalars), decays (count,), then the parameters, first moments and second
-    moments (updated in place) and the gradients, `count` each; each gradient is multiplied by unscale, then by clip
-    (the train step's two passes), each parameter's decay by decay_factor. Returns a (1,) placeholder."""
+    epsilon, decay_factor, unscale, clip, apply (scalars), decays (count,), then the parameters, first moments and
+    second moments (updated in place) and the gradients, `count` each; each gradient is multiplied by unscale, then
+    by clip (the train step's two passes), each parameter's decay by decay_factor; apply 0 changes nothing (an
+    overflow-skipped step). Returns a (1,) placeholder."""
     op = _update_all_class(count)(f"{library()}:AdamWUpdateAll", out_shape=_placeholder_shape,
                                   out_dtype=_float32_only("AdamWUpdateAll"), func_type="aot")
     op.add_prim_attr("side_effect_mem", True)
