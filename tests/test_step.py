@@ -139,7 +139,7 @@ def test_clipping_bounds_the_unscaled_gradient_norm() -> None:
     assert moved == pytest.approx(1e-3, rel=1e-3)  # SGD lr 1: the step is the clipped gradient
 
 
-def _adamw_run(kernel: str, clip_grad: float | None) -> tuple[list[np.ndarray], list[tuple[float, ...]]]:
+def _adamw_run(kernel: str, clip_grad: float | None, jit: bool) -> tuple[list[np.ndarray], list[tuple[float, ...]]]:
     # 2^40 overflows fp16; the factor 2^28 takes the next window to 2^12, which does not, and two clean windows later
     # back to 2^40: windows 1 and 4 are skipped
     policy = AMP_POLICIES.build({"name": "o2", "init_scale": 2.0**40, "scale_factor": 2**28, "scale_window": 2})
@@ -147,19 +147,20 @@ def _adamw_run(kernel: str, clip_grad: float | None) -> tuple[list[np.ndarray], 
     for i, p in enumerate(net.trainable_params()):
         p.set_data(Tensor(np.random.default_rng(i).normal(0, 0.5, p.shape).astype(np.float32)))
     optimizer = adamw(net, Tensor(np.linspace(1e-2, 1e-3, 4, dtype=np.float32)), weight_decay=0.05, kernel=kernel)
-    step = make_train_step(net, optimizer, policy, clip_grad, jit=True, accumulation_steps=2)
+    step = make_train_step(net, optimizer, policy, clip_grad, jit=jit, accumulation_steps=2)
     outs = [step(*_batch(4, seed=i)) for i in range(8)]
     return _weights(net), [(o.loss, o.grad_norm, o.overflow, o.loss_scale) for o in outs if o.updated]
 
 
+@pytest.mark.parametrize("jit", [True, False], ids=["graph", "pynative"])
 @pytest.mark.parametrize("clip_grad", [None, 0.5], ids=["no-clip", "clip"])
-def test_the_fused_cpu_update_trains_as_the_mindspore_kernels(clip_grad: float | None) -> None:
+def test_the_fused_cpu_update_trains_as_the_mindspore_kernels(clip_grad: float | None, jit: bool) -> None:
     """optimizer.kernel=fused_cpu takes the whole update as one C++ call (the unscale and clip applied as it reads
     the gradients, the overflow skip as its `apply` input, the norm another call): the same run as MindSpore's
     per-parameter kernels behind a branch, loss scaling with skipped windows, gradient accumulation, decayed and
     undecayed parameters and (active) clipping included."""
-    ours, our_steps = _adamw_run("fused_cpu", clip_grad)
-    theirs, their_steps = _adamw_run("mindspore", clip_grad)
+    ours, our_steps = _adamw_run("fused_cpu", clip_grad, jit)
+    theirs, their_steps = _adamw_run("mindspore", clip_grad, jit)
     assert [s[2] for s in our_steps] == [s[2] for s in their_steps] == [True, False, False, True]
     assert [s[3] for s in our_steps] == [s[3] for s in their_steps] == [2.0**40, 2.0**12, 2.0**12, 2.0**40]
     for a, b in zip(our_steps, their_steps):
