@@ -88,9 +88,9 @@ class AdamW(nn.Optimizer):
             self.decays = Tensor(np.array([g["weight_decay"] for g in params for _ in g["params"]], np.float32))
             self.one = Tensor(1.0, ms.float32)
 
-    def gradient_norm(self, gradients: tuple[Tensor, ...], unscale: Tensor) -> Tensor:
-        """The global L2 norm of `unscale` x gradients, fp32 scalar (`takes_gradient_factors` only)."""
-        return self.norm_all(unscale, *gradients).reshape(())
+    def gradient_norm(self, gradients: tuple[Tensor, ...], unscale: Tensor | None = None) -> Tensor:
+        """The global L2 norm of `unscale` x gradients (1 when None), fp32 scalar (`takes_gradient_factors` only)."""
+        return self.norm_all(self.one if unscale is None else unscale, *gradients).reshape(())
 
     def construct(self, gradients: tuple[Tensor, ...], unscale: Tensor | None = None, clip: Tensor | None = None,
                   apply: Tensor | None = None) -> Tensor:
@@ -101,11 +101,10 @@ class AdamW(nn.Optimizer):
         lr = self.get_lr()
         weight_decay = self.get_weight_decay()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
-        if self.takes_gradient_factors and apply is not None:
-            apply = ops.cast(apply, ms.float32)
+        if self.takes_gradient_factors:
+            apply = self.one if apply is None else ops.cast(apply, ms.float32)
             self.assignadd(self.update_steps, ops.cast(apply, ms.int32).reshape((1,)))
         else:
-            apply = self.one if self.takes_gradient_factors else None
             self.assignadd(self.update_steps, self.global_step_increase_tensor)
         step = ops.cast(self.update_steps, ms.float32).reshape(())
         bias_c1, sqrt_bias_c2 = 1.0 - ops.pow(self.beta1, step), ops.sqrt(1.0 - ops.pow(self.beta2, step))

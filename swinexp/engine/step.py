@@ -321,7 +321,6 @@ class TrainStep:
         advance = ops.AssignAdd()
         dot_norm = ms.get_context("device_target") == "CPU"  # see global_norm
         fold_factors = getattr(optimizer, "takes_gradient_factors", False)  # optim.AdamW, optimizer.kernel=fused_cpu
-        one = Tensor(1.0, ms.float32)
         if distributed:
             reduce_grads = nn.DistributedGradReducer(params, mean=True)
             all_sum = ops.AllReduce(ops.ReduceOp.SUM)
@@ -335,11 +334,11 @@ class TrainStep:
                 # a rank that dropped an overflowing micro-batch makes every rank skip, so weights stay equal
                 clean = all_sum(ops.cast(ops.logical_not(clean), ms.float32)) == 0
             # decided when the graph is built: no pass of x1.0 over every grad
-            unscale = one if unscaled and count == 1.0 else 1.0 / (scale * count)
+            unscale = None if unscaled and count == 1.0 else 1.0 / (scale * count)
             if fold_factors:  # the optimizer's kernels apply unscale and clip as they read the gradients
                 norm = optimizer.gradient_norm(grads, unscale)
             else:
-                if not (unscaled and count == 1.0):
+                if unscale is not None:
                     grads = scale_all(grads, unscale)
                 norm = global_norm(grads, dot_norm)
             # finite norm <=> finite gradients on an IEEE device (short of a norm above 1.8e19, a diverged run), and
@@ -349,7 +348,7 @@ class TrainStep:
             if fold_factors:
                 # no branch in the graph (it split the step into four kernel graphs and compiled ~0.5 s longer): the
                 # kernel updates nothing when not finite, and the optimizer advances global_step either way
-                optimizer(grads, unscale, one if clip_grad is None else clip_coefficient(norm, clip_grad), finite)
+                optimizer(grads, unscale, None if clip_grad is None else clip_coefficient(norm, clip_grad), finite)
             elif finite:
                 if clip_grad is not None:
                     grads = clip_by_global_norm(grads, norm, clip_grad)
