@@ -94,6 +94,31 @@ def test_a_few_steps_stay_finite(name: str, jit: bool) -> None:
     assert outs[0].loss_scale == (1.0 if name == "o0" else 65536.0)
 
 
+def test_function_cells_are_one_instance_per_kind_in_a_model_and_none_across_models() -> None:
+    """The compiler parses each cell instance, so a model shares its parameterless function cells; but AMP marks
+    dtypes on cells, so another model (built before or after) keeps its own."""
+    first, second = _micro(), _micro()
+    blocks = (first.layers[0].blocks[0], first.layers[1].blocks[0])
+    assert blocks[0].attn.qkv.bias_fn is blocks[1].mlp.fc2.bias_fn
+    assert blocks[0].norm1.fused is blocks[1].norm2.fused and blocks[0].attn.reorder is blocks[1].attn.reorder
+    assert second.layers[0].blocks[0].attn.qkv.bias_fn is not blocks[0].attn.qkv.bias_fn
+
+    o3 = AMP_POLICIES.build({"name": "o3"})
+    assert compute_dtypes(o3.apply(first), o3)[f"{BLOCK}.attn.qkv.bias_fn"] == "float16"
+    o0 = AMP_POLICIES.build({"name": "o0"})
+    assert set(compute_dtypes(second, o0).values()) == {"float32"}
+    assert second(_batch()[0]).dtype == ms.float32  # the fused fp32 kernels would refuse fp16 inputs
+
+
+def test_a_function_cell_is_shared_only_among_owners_of_one_class() -> None:
+    """o1_manual keeps Conv2d (the matmul patch embedding's class) in fp32 and the Dense layers in fp16: their bias
+    adds are different instances, each in its owner's dtype."""
+    policy = AMP_POLICIES.build({"name": "o1_manual"})
+    dtypes = compute_dtypes(policy.apply(_micro()), policy)
+    assert dtypes["patch_embed.proj.bias_fn"] == "float32"
+    assert dtypes[f"{BLOCK}.attn.qkv.bias_fn"] == "float16"
+
+
 def test_dtype_table_lists_every_cell_once() -> None:
     policy = AMP_POLICIES.build({"name": "o1_manual"})
     net = policy.apply(_micro())

@@ -7,6 +7,10 @@ softmax, LayerNorm and the bias adds. `layers.py` and `swin.py` choose them thro
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import numpy as np
 from mindspore import Tensor, mint, nn, ops
 from mindspore.ops.primitive import constexpr
@@ -25,7 +29,42 @@ __all__ = [
     "expand",
     "reorder_axes",
     "row_order",
+    "shared",
+    "sharing_function_cells",
 ]
+
+
+_SHARED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("shared_function_cells", default=None)
+
+
+@contextlib.contextmanager
+def sharing_function_cells() -> Iterator[None]:
+    """While a model is built: `shared` hands out one instance per kind of function cell, for that model only."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def shared(owner: nn.Cell, function_cell: type[nn.Cell], *args: object) -> nn.Cell:
+    """A function cell for `owner`: inside `sharing_function_cells`, the model's one instance of this class with
+    these arguments among owners of `owner`'s class; a new instance outside it.
+
+    MindSpore parses, infers and differentiates a cell's `construct` and `bprop` once per instance, so ~300
+    identical function cells (a row Gather, a bias add, a LayerNorm per site) were ~300 graphs for the compiler;
+    sharing them cut swin_tiny's train-step compile by ~15 % (BENCHMARKS.md). Only for cells without parameters
+    that read nothing but their inputs (not `training`). AMP marks a cell's dtype on it and on its subcells, by
+    the owner's class: one instance per owner class (a Conv2d's bias add kept in fp32 under o1_manual is not the
+    Dense layers'), and per model (one model's policy does not reach another's).
+    """
+    cells = _SHARED.get()
+    if cells is None:
+        return function_cell(*args)
+    key = (type(owner), function_cell, args)
+    if key not in cells:
+        cells[key] = function_cell(*args)
+    return cells[key]
 
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels that hold memory. On MindSpore 2.10's CPU backend some kernels keep about four output-sized buffers per
@@ -143,8 +182,8 @@ class ExactGELU(nn.GELU):
 
     def __init__(self, custom_bprop: bool = False, fused: bool = False) -> None:
         super().__init__(approximate=False)
-        self.fn = _GeluFn() if custom_bprop else None
-        self.fused = fused_cpu.FusedGeluFn() if fused else None
+        self.fn = shared(self, _GeluFn) if custom_bprop else None
+        self.fused = shared(self, fused_cpu.FusedGeluFn) if fused else None
         self.fused_dtype = fused_cpu.DTYPE
 
     def construct(self, x: Tensor) -> Tensor:
@@ -185,8 +224,8 @@ class LastAxisSoftmax(nn.Softmax):
 
     def __init__(self, custom_bprop: bool = False, fused: bool = False) -> None:
         super().__init__(axis=-1)
-        self.fn = _SoftmaxFn() if custom_bprop else None
-        self.fused = fused_cpu.FusedSoftmaxFn() if fused else None
+        self.fn = shared(self, _SoftmaxFn) if custom_bprop else None
+        self.fused = shared(self, fused_cpu.FusedSoftmaxFn) if fused else None
         self.fused_dtype = fused_cpu.DTYPE
 
     def construct(self, x: Tensor) -> Tensor:
@@ -244,7 +283,7 @@ class Permute(nn.Cell):
     def __init__(self, mode: str = "transpose") -> None:
         super().__init__()
         self.mode = mode
-        self.rows = GatherRowsFn() if mode == "gather" else None
+        self.rows = shared(self, GatherRowsFn) if mode == "gather" else None
 
     def construct(self, x: Tensor, axes: tuple[int, ...]) -> Tensor:
         if self.mode == "mint":
@@ -308,8 +347,8 @@ class LastAxisLayerNorm(nn.LayerNorm):
 
     def __init__(self, width: int, custom_bprop: bool = False, epsilon: float = 1e-5, fused: bool = False) -> None:
         super().__init__((width,), epsilon=epsilon)
-        self.fn = _LayerNormFn(epsilon) if custom_bprop else None
-        self.fused = fused_cpu.FusedLayerNormFn(epsilon) if fused else None
+        self.fn = shared(self, _LayerNormFn, epsilon) if custom_bprop else None
+        self.fused = shared(self, fused_cpu.FusedLayerNormFn, epsilon) if fused else None
         self.fused_dtype = fused_cpu.DTYPE
 
     def construct(self, x: Tensor) -> Tensor:

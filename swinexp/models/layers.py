@@ -12,7 +12,16 @@ import numpy as np
 from mindspore import Tensor, mint, nn, ops
 from mindspore.common.initializer import Initializer
 
-from swinexp.models.kernels import BiasAddFn, ExactGELU, GatherRowsFn, LastAxisLayerNorm, Permute, expand, reorder_axes
+from swinexp.models.kernels import (
+    BiasAddFn,
+    ExactGELU,
+    GatherRowsFn,
+    LastAxisLayerNorm,
+    Permute,
+    expand,
+    reorder_axes,
+    shared,
+)
 from swinexp.models.randomness import keep_elements
 
 __all__ = [
@@ -84,7 +93,7 @@ class Linear(nn.Dense):
                  weight_init: Initializer | Tensor | str | None = None) -> None:
         weight_init = TruncNormal(INIT_STD) if weight_init is None else weight_init
         super().__init__(in_features, out_features, weight_init=weight_init, bias_init="zeros", has_bias=has_bias)
-        self.bias_fn = BiasAddFn() if custom_bprop and has_bias else None
+        self.bias_fn = shared(self, BiasAddFn) if custom_bprop and has_bias else None
 
     def construct(self, x: Tensor) -> Tensor:
         shape = x.shape  # no super().construct (see ExactGELU)
@@ -203,11 +212,11 @@ class TokenWindows(nn.Cell):
     def __init__(self, resolution: int, window_size: int, shift: int, permute: str = "transpose") -> None:
         super().__init__()
         self.resolution, self.window_size, self.shift = resolution, window_size, shift
-        self.reorder = Permute(permute)
+        self.reorder = shared(self, Permute, permute)
         if permute == "gather":
             order = window_token_order(resolution, window_size, shift)
             self.order, self.inverse = Tensor(order), Tensor(np.argsort(order).astype(np.int32))
-            self.rows = GatherRowsFn()
+            self.rows = shared(self, GatherRowsFn)
         else:
             self.rows = None
 
@@ -391,7 +400,7 @@ class PatchMatMul(nn.Conv2d):
         self.patch_size = patch_size
         self.rows_matmul = ops.MatMul(transpose_b=True)
         self.add_bias = ops.BiasAdd()
-        self.bias_fn = BiasAddFn() if custom_bprop else None
+        self.bias_fn = shared(self, BiasAddFn) if custom_bprop else None
 
     def construct(self, x: Tensor) -> Tensor:
         b, c, h, w = x.shape  # no super().construct (see ExactGELU)
@@ -430,7 +439,7 @@ class PatchEmbed(nn.Cell):
                  permute_mode: str = "transpose", custom_bprop: bool = False, kernel: str = "conv",
                  fused: bool = False) -> None:
         super().__init__()
-        self.reorder = Permute(permute_mode) if kernel == "conv" else None  # PatchMatMul returns tokens
+        self.reorder = shared(self, Permute, permute_mode) if kernel == "conv" else None  # PatchMatMul returns tokens
         self.img_size = img_size
         self.patch_size = patch_size
         self.patches_resolution = img_size // patch_size

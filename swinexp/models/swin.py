@@ -47,6 +47,8 @@ from swinexp.models.kernels import (
     Permute,
     expand,
     reorder_axes,
+    shared,
+    sharing_function_cells,
 )
 from swinexp.models.layers import (
     INIT_STD,
@@ -141,7 +143,7 @@ class WindowAttention(nn.Cell):
         qkv, rel_pos_bias, custom_bprop = formulation.qkv, formulation.rel_pos_bias, formulation.custom_bprop
         self.dim = dim
         self.window_size = window_size
-        self.reorder = Permute(formulation.permute)
+        self.reorder = shared(self, Permute, formulation.permute)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -174,9 +176,9 @@ class WindowAttention(nn.Cell):
         self.proj_drop = KeyedDropout(proj_drop)
         # a cell, so AMP cell lists (keep softmax in fp32) can reach it
         self.softmax = LastAxisSoftmax(custom_bprop, formulation.fused_cpu)
-        self.add_bias = AddBroadcast() if custom_bprop else None
+        self.add_bias = shared(self, AddBroadcast) if custom_bprop else None
         # fp32 attention: bias add and softmax as one C++ pass each way (an fp16 amp policy takes the cells above)
-        self.bias_softmax = FusedBiasSoftmaxFn() if formulation.fused_cpu else None
+        self.bias_softmax = shared(self, FusedBiasSoftmaxFn) if formulation.fused_cpu else None
         self.fused_dtype = FUSED_DTYPE
         # BatchMatMul primitives, not ops.matmul: the functional form differentiates through explicit Transposes
         # (four per block), the primitive through BatchMatMuls with transpose flags; q @ k^T needs no k^T either
@@ -385,7 +387,7 @@ class PatchMerging(nn.Cell):
 
     def __init__(self, input_resolution: int, dim: int, formulation: Formulation = OFFICIAL) -> None:
         super().__init__()
-        self.reorder = Permute(formulation.permute)
+        self.reorder = shared(self, Permute, formulation.permute)
         self.input_resolution = input_resolution
         self.dim = dim
         self.mode = formulation.patch_merging
@@ -545,44 +547,45 @@ class SwinTransformer(nn.Cell):
         self.ape = ape
         self.num_features = embed_dim * 2 ** (self.num_layers - 1)
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop,
-                                      patch_embed, fused=formulation.fused_cpu)
-        resolution = self.patch_embed.patches_resolution
-        if ape:
-            self.absolute_pos_embed = Parameter(
-                initializer(TruncNormal(INIT_STD), (1, self.patch_embed.num_patches, embed_dim))
-            )  # (1, L, C)
-        self.pos_drop = KeyedDropout(drop_rate)
+        with sharing_function_cells():  # one instance per kind of function cell in this model
+            self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop,
+                                          patch_embed, fused=formulation.fused_cpu)
+            resolution = self.patch_embed.patches_resolution
+            if ape:
+                self.absolute_pos_embed = Parameter(
+                    initializer(TruncNormal(INIT_STD), (1, self.patch_embed.num_patches, embed_dim))
+                )  # (1, L, C)
+            self.pos_drop = KeyedDropout(drop_rate)
 
-        # stochastic depth decay rule: linear from 0 to drop_path_rate over all blocks
-        dpr = np.linspace(0.0, drop_path_rate, sum(depths)).tolist()
-        self.layers = nn.CellList(
-            [
-                BasicLayer(
-                    dim=embed_dim * 2**i,
-                    input_resolution=resolution // 2**i,
-                    depth=depths[i],
-                    num_heads=num_heads[i],
-                    window_size=window_size,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    drop=drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
-                    downsample=i < self.num_layers - 1,
-                    formulation=formulation,
-                    first_block=sum(depths[:i]),
-                )
-                for i in range(self.num_layers)
-            ]
-        )
-        # per block: attention and MLP branch; dropout: the embedding's, then 4 per block (see SwinTransformerBlock)
-        self.random_sites = RandomSites(
-            drop_path_rates=tuple(rate for rate in dpr for _ in range(2)),
-            dropout_rates=(drop_rate, *(attn_drop_rate, drop_rate, drop_rate, drop_rate) * len(dpr)))
-        self.norm = LastAxisLayerNorm(self.num_features, custom_bprop, fused=formulation.fused_cpu)
-        self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
-                     else nn.Identity())
+            # stochastic depth decay rule: linear from 0 to drop_path_rate over all blocks
+            dpr = np.linspace(0.0, drop_path_rate, sum(depths)).tolist()
+            self.layers = nn.CellList(
+                [
+                    BasicLayer(
+                        dim=embed_dim * 2**i,
+                        input_resolution=resolution // 2**i,
+                        depth=depths[i],
+                        num_heads=num_heads[i],
+                        window_size=window_size,
+                        mlp_ratio=mlp_ratio,
+                        qkv_bias=qkv_bias,
+                        drop=drop_rate,
+                        attn_drop=attn_drop_rate,
+                        drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                        downsample=i < self.num_layers - 1,
+                        formulation=formulation,
+                        first_block=sum(depths[:i]),
+                    )
+                    for i in range(self.num_layers)
+                ]
+            )
+            # per block: attention and MLP branch; dropout: the embedding's, then 4 per block (see SwinTransformerBlock)
+            self.random_sites = RandomSites(
+                drop_path_rates=tuple(rate for rate in dpr for _ in range(2)),
+                dropout_rates=(drop_rate, *(attn_drop_rate, drop_rate, drop_rate, drop_rate) * len(dpr)))
+            self.norm = LastAxisLayerNorm(self.num_features, custom_bprop, fused=formulation.fused_cpu)
+            self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
+                         else nn.Identity())
 
     def forward_features(self, x: Tensor, drop_scales: Tensor | None = None,
                          dropout_keys: Tensor | None = None) -> Tensor:
