@@ -99,12 +99,13 @@ def test_function_cells_are_one_instance_per_kind_in_a_model_and_none_across_mod
     dtypes on cells, so another model (built before or after) keeps its own."""
     first, second = _micro(), _micro()
     blocks = (first.layers[0].blocks[0], first.layers[1].blocks[0])
-    assert blocks[0].attn.qkv.bias_fn is blocks[1].mlp.fc2.bias_fn
-    assert blocks[0].norm1.fused is blocks[1].norm2.fused and blocks[0].attn.reorder is blocks[1].attn.reorder
-    assert second.layers[0].blocks[0].attn.qkv.bias_fn is not blocks[0].attn.qkv.bias_fn
+    assert blocks[0].attn.qkv.fn is blocks[1].mlp.fc2.fn and blocks[0].norm1.fn is blocks[1].norm2.fn
+    assert blocks[0].attn.reorder is blocks[1].attn.reorder
+    assert blocks[0].attn.bias_softmax is blocks[1].attn.bias_softmax
+    assert second.layers[0].blocks[0].attn.qkv.fn is not blocks[0].attn.qkv.fn
 
     o3 = AMP_POLICIES.build({"name": "o3"})
-    assert compute_dtypes(o3.apply(first), o3)[f"{BLOCK}.attn.qkv.bias_fn"] == "float16"
+    assert compute_dtypes(o3.apply(first), o3)[f"{BLOCK}.attn.qkv.fn"] == "float16"
     o0 = AMP_POLICIES.build({"name": "o0"})
     assert set(compute_dtypes(second, o0).values()) == {"float32"}
     assert second(_batch()[0]).dtype == ms.float32  # the fused fp32 kernels would refuse fp16 inputs
@@ -116,7 +117,7 @@ def test_a_function_cell_is_shared_only_among_owners_of_one_class() -> None:
     policy = AMP_POLICIES.build({"name": "o1_manual"})
     dtypes = compute_dtypes(policy.apply(_micro()), policy)
     assert dtypes["patch_embed.proj.bias_fn"] == "float32"
-    assert dtypes[f"{BLOCK}.attn.qkv.bias_fn"] == "float16"
+    assert dtypes[f"{BLOCK}.attn.qkv.fn"] == "float16"
 
 
 def test_dtype_table_lists_every_cell_once() -> None:

@@ -347,14 +347,26 @@ class LastAxisLayerNorm(nn.LayerNorm):
 
     def __init__(self, width: int, custom_bprop: bool = False, epsilon: float = 1e-5, fused: bool = False) -> None:
         super().__init__((width,), epsilon=epsilon)
-        self.fn = shared(self, _LayerNormFn, epsilon) if custom_bprop else None
-        self.fused = shared(self, fused_cpu.FusedLayerNormFn, epsilon) if fused else None
-        self.fused_dtype = fused_cpu.DTYPE
+        self.fn = shared(self, LayerNormFn, epsilon, custom_bprop, fused)
 
     def construct(self, x: Tensor) -> Tensor:
+        return self.fn(x, self.gamma, self.beta)  # no super().construct (see ExactGELU)
+
+
+class LayerNormFn(nn.Cell):
+    """`LastAxisLayerNorm`'s computation, the parameters as inputs (one shared instance per kind in a model)."""
+
+    def __init__(self, epsilon: float, custom_bprop: bool, fused: bool) -> None:
+        super().__init__()
+        self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=epsilon)
+        self.fn = _LayerNormFn(epsilon) if custom_bprop else None
+        self.fused = fused_cpu.FusedLayerNormFn(epsilon) if fused else None
+        self.fused_dtype = fused_cpu.DTYPE
+
+    def construct(self, x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
         # as nn.LayerNorm: parameters cast to the input's dtype (so amp o3 normalises in fp16, and the cast's
-        # autodiff returns the fp32 parameters' gradients in fp32); no super().construct (see ExactGELU)
-        gamma, beta = ops.cast(self.gamma, x.dtype), ops.cast(self.beta, x.dtype)
+        # autodiff returns the fp32 parameters' gradients in fp32)
+        gamma, beta = ops.cast(gamma, x.dtype), ops.cast(beta, x.dtype)
         shape = x.shape
         if self.fused is not None and x.dtype == self.fused_dtype:
             return ops.reshape(self.fused(ops.reshape(x, (-1, shape[-1])), gamma, beta)[0], shape)

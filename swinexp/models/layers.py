@@ -93,18 +93,30 @@ class Linear(nn.Dense):
                  weight_init: Initializer | Tensor | str | None = None) -> None:
         weight_init = TruncNormal(INIT_STD) if weight_init is None else weight_init
         super().__init__(in_features, out_features, weight_init=weight_init, bias_init="zeros", has_bias=has_bias)
-        self.bias_fn = shared(self, BiasAddFn) if custom_bprop and has_bias else None
+        self.fn = shared(self, DenseFn, has_bias, custom_bprop)
 
     def construct(self, x: Tensor) -> Tensor:
-        shape = x.shape  # no super().construct (see ExactGELU)
-        y = self.matmul(ops.reshape(x, (-1, shape[-1])), self.weight)  # (R, out)
+        return self.fn(x, self.weight, self.bias)  # no super().construct (see ExactGELU)
+
+
+class DenseFn(nn.Cell):
+    """x (..., in) @ weight.T + bias, for the Linear layers of a model (one shared instance per kind)."""
+
+    def __init__(self, has_bias: bool, custom_bprop: bool) -> None:
+        super().__init__()
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.bias_add = ops.BiasAdd()
+        self.has_bias = has_bias
+        self.bias_fn = BiasAddFn() if custom_bprop and has_bias else None
+
+    def construct(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        shape = x.shape
+        y = self.matmul(ops.reshape(x, (-1, shape[-1])), weight)  # (R, out)
         if self.bias_fn is not None:
-            # an explicit cast, so that under amp o2/o3 its autodiff returns the fp32 parameter's gradient in fp32
-            # (a parameter handed to a hand-written bprop would get the fp16 gradient)
-            y = self.bias_fn(y, ops.cast(self.bias, y.dtype))
+            y = self.bias_fn(y, ops.cast(bias, y.dtype))
         elif self.has_bias:
-            y = self.bias_add(y, self.bias)
-        return ops.reshape(y, shape[:-1] + (self.out_channels,))
+            y = self.bias_add(y, bias)
+        return ops.reshape(y, shape[:-1] + (weight.shape[0],))
 
 
 def dense(in_features: int, out_features: int, has_bias: bool = True, custom_bprop: bool = False) -> Linear:
