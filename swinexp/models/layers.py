@@ -113,6 +113,8 @@ class DenseFn(nn.Cell):
         shape = x.shape
         y = self.matmul(ops.reshape(x, (-1, shape[-1])), weight)  # (R, out)
         if self.bias_fn is not None:
+            # an explicit cast, so that under amp o2/o3 its autodiff returns the fp32 parameter's gradient in fp32
+            # (a parameter handed to a hand-written bprop would get the fp16 gradient)
             y = self.bias_fn(y, ops.cast(bias, y.dtype))
         elif self.has_bias:
             y = self.bias_add(y, bias)
