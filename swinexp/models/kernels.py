@@ -347,13 +347,13 @@ class LastAxisLayerNorm(nn.LayerNorm):
 
     def __init__(self, width: int, custom_bprop: bool = False, epsilon: float = 1e-5, fused: bool = False) -> None:
         super().__init__((width,), epsilon=epsilon)
-        self.fn = shared(self, LayerNormFn, epsilon, custom_bprop, fused)
+        self.fn = shared(self, LastAxisLayerNormFn, epsilon, custom_bprop, fused)
 
     def construct(self, x: Tensor) -> Tensor:
         return self.fn(x, self.gamma, self.beta)  # no super().construct (see ExactGELU)
 
 
-class LayerNormFn(nn.Cell):
+class LastAxisLayerNormFn(nn.Cell):
     """`LastAxisLayerNorm`'s computation, the parameters as inputs (one shared instance per kind in a model)."""
 
     def __init__(self, epsilon: float, custom_bprop: bool, fused: bool) -> None:

@@ -93,13 +93,13 @@ class Linear(nn.Dense):
                  weight_init: Initializer | Tensor | str | None = None) -> None:
         weight_init = TruncNormal(INIT_STD) if weight_init is None else weight_init
         super().__init__(in_features, out_features, weight_init=weight_init, bias_init="zeros", has_bias=has_bias)
-        self.fn = shared(self, DenseFn, has_bias, custom_bprop)
+        self.fn = shared(self, LinearFn, has_bias, custom_bprop)
 
     def construct(self, x: Tensor) -> Tensor:
         return self.fn(x, self.weight, self.bias)  # no super().construct (see ExactGELU)
 
 
-class DenseFn(nn.Cell):
+class LinearFn(nn.Cell):
     """x (..., in) @ weight.T + bias, for the Linear layers of a model (one shared instance per kind)."""
 
     def __init__(self, has_bias: bool, custom_bprop: bool) -> None:
