@@ -508,6 +508,7 @@ class SwinTransformer(nn.Cell):
         ConfigError: If the arguments cannot build the official architecture; the message names the key.
     """
 
+    @sharing_function_cells()  # one instance per kind of function cell in this model
     def __init__(
         self,
         img_size: int = 224,
@@ -547,45 +548,44 @@ class SwinTransformer(nn.Cell):
         self.ape = ape
         self.num_features = embed_dim * 2 ** (self.num_layers - 1)
 
-        with sharing_function_cells():  # one instance per kind of function cell in this model
-            self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop,
-                                          patch_embed, fused=formulation.fused_cpu)
-            resolution = self.patch_embed.patches_resolution
-            if ape:
-                self.absolute_pos_embed = Parameter(
-                    initializer(TruncNormal(INIT_STD), (1, self.patch_embed.num_patches, embed_dim))
-                )  # (1, L, C)
-            self.pos_drop = KeyedDropout(drop_rate)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, patch_norm, permute, custom_bprop,
+                                      patch_embed, fused=formulation.fused_cpu)
+        resolution = self.patch_embed.patches_resolution
+        if ape:
+            self.absolute_pos_embed = Parameter(
+                initializer(TruncNormal(INIT_STD), (1, self.patch_embed.num_patches, embed_dim))
+            )  # (1, L, C)
+        self.pos_drop = KeyedDropout(drop_rate)
 
-            # stochastic depth decay rule: linear from 0 to drop_path_rate over all blocks
-            dpr = np.linspace(0.0, drop_path_rate, sum(depths)).tolist()
-            self.layers = nn.CellList(
-                [
-                    BasicLayer(
-                        dim=embed_dim * 2**i,
-                        input_resolution=resolution // 2**i,
-                        depth=depths[i],
-                        num_heads=num_heads[i],
-                        window_size=window_size,
-                        mlp_ratio=mlp_ratio,
-                        qkv_bias=qkv_bias,
-                        drop=drop_rate,
-                        attn_drop=attn_drop_rate,
-                        drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
-                        downsample=i < self.num_layers - 1,
-                        formulation=formulation,
-                        first_block=sum(depths[:i]),
-                    )
-                    for i in range(self.num_layers)
-                ]
-            )
-            # per block: attention and MLP branch; dropout: the embedding's, then 4 per block (see SwinTransformerBlock)
-            self.random_sites = RandomSites(
-                drop_path_rates=tuple(rate for rate in dpr for _ in range(2)),
-                dropout_rates=(drop_rate, *(attn_drop_rate, drop_rate, drop_rate, drop_rate) * len(dpr)))
-            self.norm = LastAxisLayerNorm(self.num_features, custom_bprop, fused=formulation.fused_cpu)
-            self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
-                         else nn.Identity())
+        # stochastic depth decay rule: linear from 0 to drop_path_rate over all blocks
+        dpr = np.linspace(0.0, drop_path_rate, sum(depths)).tolist()
+        self.layers = nn.CellList(
+            [
+                BasicLayer(
+                    dim=embed_dim * 2**i,
+                    input_resolution=resolution // 2**i,
+                    depth=depths[i],
+                    num_heads=num_heads[i],
+                    window_size=window_size,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                    downsample=i < self.num_layers - 1,
+                    formulation=formulation,
+                    first_block=sum(depths[:i]),
+                )
+                for i in range(self.num_layers)
+            ]
+        )
+        # per block: attention and MLP branch; dropout: the embedding's, then 4 per block (see SwinTransformerBlock)
+        self.random_sites = RandomSites(
+            drop_path_rates=tuple(rate for rate in dpr for _ in range(2)),
+            dropout_rates=(drop_rate, *(attn_drop_rate, drop_rate, drop_rate, drop_rate) * len(dpr)))
+        self.norm = LastAxisLayerNorm(self.num_features, custom_bprop, fused=formulation.fused_cpu)
+        self.head = (dense(self.num_features, num_classes, custom_bprop=custom_bprop) if num_classes > 0
+                     else nn.Identity())
 
     def forward_features(self, x: Tensor, drop_scales: Tensor | None = None,
                          dropout_keys: Tensor | None = None) -> Tensor:
