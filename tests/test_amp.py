@@ -105,7 +105,9 @@ def test_function_cells_are_one_instance_per_kind_in_a_model_and_none_across_mod
     assert second.layers[0].blocks[0].attn.qkv.fn is not blocks[0].attn.qkv.fn
 
     o3 = AMP_POLICIES.build({"name": "o3"})
-    assert compute_dtypes(o3.apply(first), o3)[f"{BLOCK}.attn.qkv.fn"] == "float16"
+    dtypes = compute_dtypes(o3.apply(first), o3)
+    assert dtypes[f"{BLOCK}.attn.qkv.fn"] == "float16"
+    assert dtypes["layers.1.blocks.0.mlp.fc2.fn"] == "float16"  # the same cell, listed under every layer calling it
     o0 = AMP_POLICIES.build({"name": "o0"})
     assert set(compute_dtypes(second, o0).values()) == {"float32"}
     assert second(_batch()[0]).dtype == ms.float32  # the fused fp32 kernels would refuse fp16 inputs

@@ -29,13 +29,24 @@ def unwrap(cell: nn.Cell) -> nn.Cell:
 
 
 def compute_cells(network: nn.Cell) -> dict[str, nn.Cell]:
-    """Cell path (as in parameter names, "(model)" for the root) -> cell, skipping AMP output-cast wrappers."""
+    """Cell path (as in parameter names, "(model)" for the root) -> cell, skipping AMP output-cast wrappers.
+
+    Every path is listed: a function cell the model shares among its layers (`models.kernels.shared`) appears under
+    each layer that calls it, where `cells_and_names` would name it once, under the first.
+    """
     cells = {}
-    for path, cell in network.cells_and_names():
+    for path, cell in _every_path(network, ""):
         if _WRAPPER_ATTR in cell.name_cells():  # an output-cast wrapper: plumbing, not a compute cell
             continue
         cells[".".join(p for p in path.split(".") if p != _WRAPPER_ATTR) or "(model)"] = cell
     return cells
+
+
+def _every_path(cell: nn.Cell, path: str) -> Iterator[tuple[str, nn.Cell]]:
+    yield path, cell
+    for name, child in cell.name_cells().items():
+        if child is not None:
+            yield from _every_path(child, f"{path}.{name}" if path else name)
 
 
 def compute_dtypes(network: nn.Cell, policy: AmpPolicy) -> dict[str, str]:
