@@ -27,9 +27,12 @@ from swinexp.tracking import MlflowTracker, flatten, resolve_uri
 
 __all__ = ["EPOCH_METRICS", "STARTUP_CODE", "run"]
 
-# argv[0] is startup.py, as a script's would be: MindSpore's compile cache (hardware.compile_cache) reads the entry file
-STARTUP_CODE = ("import time; started = time.time(); import sys; sys.argv[0] = sys.argv.pop(1); "
-                "from benchmarks.startup import main; main(started)")
+# argv[0] is startup.py, as a script's would be: MindSpore's compile cache (hardware.compile_cache) reads the entry
+# file; the imports as the swinexp command makes them (app/cli.py), with the garbage collector paused
+STARTUP_CODE = ("import time; started = time.time(); import sys; sys.argv[0] = sys.argv.pop(1)\n"
+                "from swinexp.runtime.gc_pause import long_lived_imports\n"
+                "with long_lived_imports():\n    from benchmarks.startup import main\n"
+                "main(started)")
 STEADY_STEPS = 3
 # (row, from stamp, to stamp) of the start-up phases; "spawned" is taken here, just before the child starts
 PHASES = (("python interpreter start", "spawned", "started"),

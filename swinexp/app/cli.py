@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from swinexp.config import CONF_DIR
 from swinexp.registry import ConfigError
+from swinexp.runtime.gc_pause import long_lived_imports
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -21,10 +22,11 @@ def main(cfg: DictConfig) -> float | None:
     if (line := _leaves_launch_to_another_copy(cfg)) is not None:
         print(line, flush=True)
         return None
-    from swinexp.app.job import run  # imports MindSpore: only once a job runs, not for --help / --cfg
-    from swinexp.app.job_info import JobInfo
-    from swinexp.engine.checkpoint import CheckpointWriteError
-    from swinexp.runtime import launch
+    with long_lived_imports():  # MindSpore and the rest, only once a job runs (not for --help / --cfg)
+        from swinexp.app.job import run
+        from swinexp.app.job_info import JobInfo
+        from swinexp.engine.checkpoint import CheckpointWriteError
+        from swinexp.runtime import launch
 
     try:
         metrics = run(cfg, JobInfo.from_hydra(HydraConfig.get()))
