@@ -31,7 +31,7 @@ __all__ = ["EPOCH_METRICS", "STARTUP_CODE", "run"]
 # file; the imports as the swinexp command makes them (app/cli.py), with the garbage collector paused
 STARTUP_CODE = ("import time; started = time.time(); import sys; sys.argv[0] = sys.argv.pop(1)\n"
                 "from swinexp.runtime.gc_pause import long_lived_imports\n"
-                "with long_lived_imports():\n    from benchmarks.startup import main\n"
+                "with long_lived_imports('benchmarks.startup'):\n    from benchmarks.startup import main\n"
                 "main(started)")
 STEADY_STEPS = 3
 # (row, from stamp, to stamp) of the start-up phases; "spawned" is taken here, just before the child starts

@@ -25,7 +25,7 @@ class _Node:
 def test_no_collection_inside_then_everything_alive_is_frozen_and_collection_resumes() -> None:
     gc.enable()
     gc.unfreeze()
-    with long_lived_imports():
+    with long_lived_imports("no_module_of_that_name"):
         assert not gc.isenabled()
         made = [_Node() for _ in range(1000)]
     assert gc.isenabled()
@@ -37,13 +37,22 @@ def test_no_collection_inside_then_everything_alive_is_frozen_and_collection_res
 def test_an_exception_inside_still_freezes_and_re_enables() -> None:
     gc.enable()
     gc.unfreeze()
-    with pytest.raises(ImportError), long_lived_imports():
+    with pytest.raises(ImportError), long_lived_imports("no_module_of_that_name"):
         raise ImportError("no module named x")
     assert gc.isenabled() and gc.get_freeze_count() > 0
 
 
 def test_a_collector_the_caller_had_disabled_stays_disabled() -> None:
     gc.disable()
-    with long_lived_imports():
+    with long_lived_imports("no_module_of_that_name"):
         pass
     assert not gc.isenabled()
+
+
+def test_a_module_imported_already_leaves_the_collector_alone() -> None:
+    """A sweep's second job in the same process: freezing would keep the first job's garbage for good."""
+    gc.enable()
+    gc.unfreeze()
+    with long_lived_imports("gc"):
+        assert gc.isenabled()
+    assert gc.get_freeze_count() == 0

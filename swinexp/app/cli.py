@@ -22,7 +22,7 @@ def main(cfg: DictConfig) -> float | None:
     if (line := _leaves_launch_to_another_copy(cfg)) is not None:
         print(line, flush=True)
         return None
-    with long_lived_imports():  # MindSpore and the rest, only once a job runs (not for --help / --cfg)
+    with long_lived_imports("swinexp.app.job"):  # MindSpore and the rest, only once a job runs (not --help / --cfg)
         from swinexp.app.job import run
         from swinexp.app.job_info import JobInfo
         from swinexp.engine.checkpoint import CheckpointWriteError
