@@ -11,7 +11,9 @@ from swinexp.runtime.gc_pause import long_lived_imports
 
 @pytest.fixture(autouse=True)
 def _collector_as_before() -> Iterator[None]:
+    """Each test starts with nothing frozen and leaves the collector as it found it."""
     enabled = gc.isenabled()
+    gc.unfreeze()
     yield
     gc.unfreeze()
     (gc.enable if enabled else gc.disable)()
@@ -24,7 +26,6 @@ class _Node:
 
 def test_no_collection_inside_then_everything_alive_is_frozen_and_collection_resumes() -> None:
     gc.enable()
-    gc.unfreeze()
     with long_lived_imports("no_module_of_that_name"):
         assert not gc.isenabled()
         made = [_Node() for _ in range(1000)]
@@ -36,7 +37,6 @@ def test_no_collection_inside_then_everything_alive_is_frozen_and_collection_res
 
 def test_an_exception_inside_still_freezes_and_re_enables() -> None:
     gc.enable()
-    gc.unfreeze()
     with pytest.raises(ImportError), long_lived_imports("no_module_of_that_name"):
         raise ImportError("no module named x")
     assert gc.isenabled() and gc.get_freeze_count() > 0
@@ -52,7 +52,6 @@ def test_a_collector_the_caller_had_disabled_stays_disabled() -> None:
 def test_a_module_imported_already_leaves_the_collector_alone() -> None:
     """A sweep's second job in the same process: freezing would keep the first job's garbage for good."""
     gc.enable()
-    gc.unfreeze()
     with long_lived_imports("gc"):
         assert gc.isenabled()
     assert gc.get_freeze_count() == 0
