@@ -16,6 +16,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from swinexp.models.fused_cpu import DTYPE, KERNEL_MODES, FusedAdamWUpdate, FusedAdamWUpdateAll, GlobalNorm
 from swinexp.registry import OPTIMIZERS, SCHEDULERS, ConfigError
+from swinexp.runtime.zero_pages import write_zero_pages
 
 log = logging.getLogger("swinexp")
 NO_DECAY_NAMES = ("absolute_pos_embed", "relative_position_bias_table")
@@ -76,6 +77,7 @@ class AdamW(nn.Optimizer):
         self.beta1, self.beta2, self.eps = (Tensor(x, ms.float32) for x in (beta1, beta2, eps))
         self.moments1 = self._parameters.clone(prefix="adam_m", init="zeros")
         self.moments2 = self._parameters.clone(prefix="adam_v", init="zeros")
+        write_zero_pages([*self.moments1, *self.moments2])
         self.update_steps = Parameter(Tensor([0], ms.int32), name=UPDATE_STEPS, requires_grad=False)
         # fused_cpu with one LR and float32 parameters (every CPU run): the whole update as one C++ call over all
         # parameters, which also takes the train step's unscale and clip factors (`takes_gradient_factors`), and

@@ -1,0 +1,31 @@
+"""Zero-initialized training state (AdamW's moments, gradient-accumulation buffers) written once where it is made.
+
+On the CPU backend MindSpore backs a Parameter made with `init="zeros"` by fresh, untouched pages. The first train
+step then reads each page before writing it (an update is read-modify-write): the read maps the kernel's shared zero
+page, and the write must copy it and flush the old mapping from every CPU that runs the step's threads, on a VM an
+inter-processor interrupt per 4 KiB page. swin_tiny's two moments are 2 x 112 MB: ~56,000 such copies, 0.6-0.9 s
+of the first train step on the 2-core VM of BENCHMARKS.md (`perf`: the interrupts under the fused AdamW's page
+faults). Written once here, while nothing else runs, each page faults once and has nothing to flush (~0.1 s).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import mindspore as ms
+from mindspore import Parameter
+
+__all__ = ["write_zero_pages"]
+
+
+def write_zero_pages(params: Iterable[Parameter]) -> None:
+    """Write zeros over freshly zero-initialized `params`, in place, on the CPU backend (elsewhere a no-op).
+
+    Only for Parameters that hold zeros (just made with `init="zeros"`): their values stay what they are. Nothing
+    may read them first, or the zero page is mapped already.
+    """
+    if ms.get_context("device_target") != "CPU":
+        return  # device memory: the host pages are not what an update writes
+    for param in params:
+        host = param.asnumpy()
+        if host.ctypes.data == param.data_ptr():  # a view of the Parameter's own memory, not a copy
+            host.fill(0)
