@@ -3,9 +3,10 @@
 On the CPU backend MindSpore backs a Parameter made with `init="zeros"` by fresh, untouched pages. The first train
 step then reads each page before writing it (an update is read-modify-write): the read maps the kernel's shared zero
 page, and the write must copy it and flush the old mapping from every CPU that runs the step's threads, on a VM an
-inter-processor interrupt per 4 KiB page. swin_tiny's two moments are 2 x 112 MB: ~56,000 such copies, 0.6-0.9 s
-of the first train step on the 2-core VM of BENCHMARKS.md (`perf`: the interrupts under the fused AdamW's page
-faults). Written once here, while nothing else runs, each page faults once and has nothing to flush (~0.1 s).
+inter-processor interrupt per 4 KiB page. swin_tiny's two moments are 2 x 112 MB: ~56,000 such copies, ~0.5 s of
+system time in the first train step on the 2-core VM of BENCHMARKS.md, 0.25-0.35 s of its wall time (`perf`: the
+interrupts under the fused AdamW's page faults). Written once here, before the step's threads run, each page faults
+once and has nothing to flush (~0.1 s).
 """
 from __future__ import annotations
 
