@@ -16,7 +16,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from swinexp.models.fused_cpu import DTYPE, KERNEL_MODES, FusedAdamWUpdate, FusedAdamWUpdateAll, GlobalNorm
 from swinexp.registry import OPTIMIZERS, SCHEDULERS, ConfigError
-from swinexp.runtime.zero_pages import write_zero_pages
+from swinexp.runtime.zero_pages import zeros_like_params
 
 log = logging.getLogger("swinexp")
 NO_DECAY_NAMES = ("absolute_pos_embed", "relative_position_bias_table")
@@ -75,9 +75,8 @@ class AdamW(nn.Optimizer):
         super().__init__(learning_rate, params)
         self.update = _adamw_update_graph(kernel == "fused_cpu")
         self.beta1, self.beta2, self.eps = (Tensor(x, ms.float32) for x in (beta1, beta2, eps))
-        self.moments1 = self._parameters.clone(prefix="adam_m", init="zeros")
-        self.moments2 = self._parameters.clone(prefix="adam_v", init="zeros")
-        write_zero_pages([*self.moments1, *self.moments2])
+        self.moments1 = zeros_like_params(self._parameters, "adam_m")
+        self.moments2 = zeros_like_params(self._parameters, "adam_v")
         self.update_steps = Parameter(Tensor([0], ms.int32), name=UPDATE_STEPS, requires_grad=False)
         # fused_cpu with one LR and float32 parameters (every CPU run): the whole update as one C++ call over all
         # parameters, which also takes the train step's unscale and clip factors (`takes_gradient_factors`), and

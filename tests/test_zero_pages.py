@@ -15,7 +15,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 from swinexp.amp import AmpPolicy
 from swinexp.engine.step import make_train_step
 from swinexp.optim import adamw
-from swinexp.runtime.zero_pages import write_zero_pages
+from swinexp.runtime.zero_pages import zeros_like_params
 
 PAGE = resource.getpagesize()
 # a (WIDTH, WIDTH) fp32 weight, 36 MiB: above glibc's largest mmap threshold (32 MiB), so each buffer is fresh pages,
@@ -59,11 +59,10 @@ def test_accumulation_buffers_are_written_zeros_when_made() -> None:
 
 
 def test_untouched_zeros_fault_on_their_first_update() -> None:
-    """The measure itself: the same buffers made without `write_zero_pages` fault on every page."""
+    """The measure itself: the same zeros made by a plain clone fault on every page."""
     fresh = [Parameter(Tensor(np.ones((WIDTH, WIDTH), np.float32)), name="fresh")]
     untouched = list(ParameterTuple(fresh).clone(prefix="fresh", init="zeros"))
     faults, pages = _update_faults(untouched)
     assert faults >= pages, (faults, pages)
-    written = list(ParameterTuple(fresh).clone(prefix="written", init="zeros"))
-    write_zero_pages(written)
+    written = list(zeros_like_params(ParameterTuple(fresh), "written"))
     assert _update_faults(written)[0] < pages // 20

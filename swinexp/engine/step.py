@@ -27,7 +27,7 @@ from swinexp.amp.overflow import FiniteCheck
 from swinexp.config import ACCUMULATE_ON
 from swinexp.models.randomness import RandomSites, draw, philox_key
 from swinexp.registry import ConfigError
-from swinexp.runtime.zero_pages import write_zero_pages
+from swinexp.runtime.zero_pages import zeros_like_params
 
 log = logging.getLogger("swinexp")
 
@@ -269,8 +269,7 @@ class TrainStep:
             self._last = compile_(fused)
             return
         # locals, not attributes: ms.jit reads a plain object's attributes as constants, so writes would be lost
-        accum = self.accum = self.params.clone(prefix="grad_accum", init="zeros")
-        write_zero_pages(accum)
+        accum = self.accum = zeros_like_params(self.params, "grad_accum")
         # a non-finite micro-batch is not added (the buffer must stay finite to clear by subtraction: inf-inf=nan);
         # this flag remembers it so the whole window's update is skipped
         window_overflow = self.window_overflow = Parameter(Tensor(False, ms.bool_), name="grad_accum_window_overflow",

@@ -10,23 +10,19 @@ once and has nothing to flush (~0.1 s).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import mindspore as ms
-from mindspore import Parameter
+from mindspore import ParameterTuple
 
-__all__ = ["write_zero_pages"]
+__all__ = ["zeros_like_params"]
 
 
-def write_zero_pages(params: Iterable[Parameter]) -> None:
-    """Write zeros over freshly zero-initialized `params`, in place, on the CPU backend (elsewhere a no-op).
-
-    Only for Parameters that hold zeros (just made with `init="zeros"`): their values stay what they are. Nothing
-    may read them first, or the zero page is mapped already.
-    """
+def zeros_like_params(params: ParameterTuple, prefix: str) -> ParameterTuple:
+    """`params.clone(prefix, init="zeros")` whose memory is written, on the CPU backend (elsewhere the plain clone)."""
+    zeros = params.clone(prefix=prefix, init="zeros")
     if ms.get_context("device_target") != "CPU":
-        return  # device memory: the host pages are not what an update writes
-    for param in params:
+        return zeros  # device memory: the host pages are not what an update writes
+    for param in zeros:
         host = param.asnumpy()
         if host.ctypes.data == param.data_ptr():  # a view of the Parameter's own memory, not a copy
             host.fill(0)
+    return zeros
