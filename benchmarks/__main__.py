@@ -36,7 +36,6 @@ from benchmarks.record import BenchRecorder
 from benchmarks.table import BenchResult
 from benchmarks.timing import progress
 from swinexp.registry import ConfigError
-from swinexp.runtime.allocator import preload_or_exit
 
 BENCHMARKS: dict[str, Callable[[Options], BenchResult | None]] = {
     "step": step.run, "peers": peers.run, "memory": memory.run, "kernels": kernels.run, "data": data.run,
@@ -157,5 +156,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    preload_or_exit()  # the allocator the swinexp command runs on (runtime/allocator.py); children inherit it
     raise SystemExit(main())

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import mindspore as ms
 
-from swinexp.runtime import allocator
-
 __all__ = ["MemoryGuard", "NotEnoughMemory", "available_gb", "cpu_model", "describe", "load_average", "rss_gb"]
 
 
@@ -62,9 +60,9 @@ def load_average() -> float:
 
 
 def describe() -> str:
-    """One line for table titles: MindSpore, CPU, cores, memory, the allocator, date."""
+    """One line for table titles: MindSpore, CPU, cores, memory, date."""
     return (f"MindSpore {ms.__version__} ({ms.get_context('device_target')}), {cpu_model()}, {os.cpu_count()} cores, "
-            f"{_meminfo_gb('MemTotal'):.0f} GiB, malloc: {allocator.current()}, {datetime.date.today()}")
+            f"{_meminfo_gb('MemTotal'):.0f} GiB, {datetime.date.today()}")
 
 
 class MemoryGuard:

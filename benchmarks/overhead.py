@@ -23,16 +23,13 @@ from benchmarks.options import Options
 from benchmarks.table import BenchResult, Table
 from benchmarks.timing import progress
 from swinexp.config import thaw
-from swinexp.runtime.allocator import environment_of_a_new_shell
 from swinexp.tracking import MlflowTracker, flatten, resolve_uri
 
 __all__ = ["EPOCH_METRICS", "STARTUP_CODE", "run"]
 
-# As the swinexp command starts (app/cli.py): onto its allocator first (a re-execution, timed in the interpreter's
-# row), then the imports with the garbage collector paused. argv[0] is startup.py, as a script's would be:
-# MindSpore's compile cache (hardware.compile_cache) reads the entry file.
-STARTUP_CODE = ("from swinexp.runtime.allocator import preload_or_exit; preload_or_exit()\n"
-                "import time; started = time.time(); import sys; sys.argv[0] = sys.argv.pop(1)\n"
+# argv[0] is startup.py, as a script's would be: MindSpore's compile cache (hardware.compile_cache) reads the entry
+# file; the imports as the swinexp command makes them (app/cli.py), with the garbage collector paused
+STARTUP_CODE = ("import time; started = time.time(); import sys; sys.argv[0] = sys.argv.pop(1)\n"
                 "from swinexp.runtime.gc_pause import long_lived_imports\n"
                 "with long_lived_imports('benchmarks.startup'):\n    from benchmarks.startup import main\n"
                 "main(started)")
@@ -60,8 +57,7 @@ def time_startups(overrides: list[str], runs: int) -> list[dict]:
     for i in range(runs):
         spawned = time.time()
         done = subprocess.run([sys.executable, "-c", STARTUP_CODE, startup.__file__, str(STEADY_STEPS), *overrides],
-                              cwd=IMPORT_ROOT, check=True, stdout=subprocess.PIPE, text=True,
-                              env=environment_of_a_new_shell())
+                              cwd=IMPORT_ROOT, check=True, stdout=subprocess.PIPE, text=True)
         stamps = {**json.loads(done.stdout.strip().splitlines()[-1]), "spawned": spawned}
         progress(f"start-up {i + 1}/{runs}: first step done {stamps['first_step'] - spawned:.1f} s after spawn")
         out.append(stamps)

@@ -14,19 +14,11 @@ from omegaconf import DictConfig
 
 from swinexp.config import CONF_DIR
 from swinexp.registry import ConfigError
-from swinexp.runtime.allocator import preload_or_exit
 from swinexp.runtime.gc_pause import long_lived_imports
 
 
-def main() -> None:
-    """The command: first onto the allocator SWINEXP_ALLOCATOR chooses (a re-execution, runtime/allocator.py),
-    then Hydra."""
-    preload_or_exit()
-    run_with_hydra()
-
-
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def run_with_hydra(cfg: DictConfig) -> float | None:
+def main(cfg: DictConfig) -> float | None:
     if (line := _leaves_launch_to_another_copy(cfg)) is not None:
         print(line, flush=True)
         return None

@@ -12,13 +12,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from swinexp.app.sweep_callback import SweepInfo, override_key, sweep_of
-from swinexp.runtime import allocator
 from swinexp.tracking.source import git_commit
 from swinexp.tracking.study import StudyTrial
 
 INFRASTRUCTURE = ("tracking", "hydra", "hardware.master_")  # overrides that say where a run goes, not what it is
 RUN_DIR_TAG = "swinexp.run_dir"
-ALLOCATOR_TAG = "swinexp.allocator"  # speeds compare only between runs on the same malloc
 
 
 @dataclass(frozen=True)
@@ -51,10 +49,9 @@ class JobInfo:
         return " ".join(o for o in self.overrides if not is_infrastructure(o)) or "defaults"
 
     def tags(self) -> dict[str, str]:
-        """Overrides, host, process and its allocator, sweep membership, chosen group options, the code's git
-        commit, the run dir and MLflow's standard source tags (the UI's Source and User columns)."""
+        """Overrides, host and process, sweep membership, chosen group options, the code's git commit, the run dir
+        and MLflow's standard source tags (the UI's Source and User columns)."""
         tags = {"overrides": " ".join(self.overrides), "host": socket.gethostname(), "pid": str(os.getpid()),
-                ALLOCATOR_TAG: allocator.current(),
                 RUN_DIR_TAG: str(self.run_dir.resolve()), "mlflow.source.type": "LOCAL",
                 "mlflow.source.name": str(Path(sys.argv[0]).resolve()) if sys.argv[0] else "python",
                 "mlflow.user": _user(),

@@ -9,7 +9,7 @@
    this hardware config resolves to (on a first-generation 910: the float status register); a step at a small
    scale is not skipped, and updates the weights;
 4. training: a few steps of the real train step of `model` (swin_micro by default) on the embedded data, with the
-   amp policy asked for: finite losses — on the memory allocator the command runs on (printed first).
+   amp policy asked for: finite losses.
 
 `--simulate-saturation` runs check 3 against `amp.overflow.SaturatingDevice`, a stand-in for a card that saturates,
 read through its status register: the logic of the 910's path, on any backend.
@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from swinexp.config import HardwareCfg, Plan
-from swinexp.runtime import allocator
 
 QUICK = ["trainer=smoke", "trainer.epochs=1", "trainer.limit_train_batches=3", "data.num_train=64",
          "data.num_val=16", "data.img_size=32", "data.batch_size=8", "model=swin_micro", "tracking=none"]
@@ -146,8 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="check overflow detection against a simulated saturating card (any backend)")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. hardware=ascend amp=o1_manual")
     args = parser.parse_args(argv)
-    print(f"allocator: {allocator.current()} (the command's, runtime/allocator.py; {allocator.ENV_VAR}=system to "
-          "check without it)")
     results = run_checks(args.overrides, args.simulate_saturation)
     for result in results:
         print(f"{'PASS' if result.passed else 'FAIL'}  {result.name}: {result.detail}")
@@ -158,5 +155,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    allocator.preload_or_exit()  # the checks run on what the command runs on
     sys.exit(main())
