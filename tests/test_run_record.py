@@ -39,6 +39,7 @@ def test_run_holds_system_metrics_source_tags_inputs_steps_and_checkpoint(
     assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"] and tags["mlflow.user"]
     assert tags["mlflow.source.git.commit"] == tags["git_commit"] and len(tags["git_commit"]) == 40
     assert tags["swinexp.run_dir"] == str(trained_run.run_dir.resolve())
+    assert tags["swinexp.malloc"] == "system"  # a CPU run refuses anything else (runtime/allocator.py)
 
     system = {k for k in mlrun.data.metrics if k.startswith("system/")}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",

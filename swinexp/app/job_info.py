@@ -12,11 +12,13 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from swinexp.app.sweep_callback import SweepInfo, override_key, sweep_of
+from swinexp.runtime import allocator
 from swinexp.tracking.source import git_commit
 from swinexp.tracking.study import StudyTrial
 
 INFRASTRUCTURE = ("tracking", "hydra", "hardware.master_")  # overrides that say where a run goes, not what it is
 RUN_DIR_TAG = "swinexp.run_dir"
+MALLOC_TAG = "swinexp.malloc"  # 'system', or the replacement an accelerator run was allowed to preload
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ class JobInfo:
         return " ".join(o for o in self.overrides if not is_infrastructure(o)) or "defaults"
 
     def tags(self) -> dict[str, str]:
-        """Overrides, host and process, sweep membership, chosen group options, the code's git commit, the run dir
-        and MLflow's standard source tags (the UI's Source and User columns)."""
+        """Overrides, host, process and its malloc, sweep membership, chosen group options, the code's git commit,
+        the run dir and MLflow's standard source tags (the UI's Source and User columns)."""
         tags = {"overrides": " ".join(self.overrides), "host": socket.gethostname(), "pid": str(os.getpid()),
+                MALLOC_TAG: allocator.current(),
                 RUN_DIR_TAG: str(self.run_dir.resolve()), "mlflow.source.type": "LOCAL",
                 "mlflow.source.name": str(Path(sys.argv[0]).resolve()) if sys.argv[0] else "python",
                 "mlflow.user": _user(),

@@ -13,6 +13,7 @@ from mindspore.communication import get_group_size, init
 from swinexp.amp import KEEP_ORIGIN, overflow
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
+from swinexp.runtime import allocator
 from swinexp.runtime.modelarts import PLATFORMS
 
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
@@ -53,6 +54,7 @@ def validate(hw: HardwareCfg) -> None:
     if hw.compile_cache_max_gb <= 0:
         raise ConfigError(f"hardware.compile_cache_max_gb={hw.compile_cache_max_gb} must be > 0; to do without the "
                           "compile cache, set hardware.compile_cache=false")
+    allocator.check(hw.device_target)  # a preloaded malloc replacement: wrong CPU train steps (allocator.py)
 
 
 def check_backend(hw: HardwareCfg) -> None:
@@ -166,6 +168,7 @@ def context_summary(hw: HardwareCfg, precision_mode: str = KEEP_ORIGIN) -> dict[
         summary["ascend_precision_mode"] = f"{precision_mode} (the amp policy's)"
     if hw.device_target == "CPU":
         summary["cpu_threads"] = hw.cpu_threads or f"{len(os.sched_getaffinity(0))} (one per core of this process)"
+    summary["malloc"] = allocator.current()
     if hw.num_devices * hw.num_nodes > 1:
         summary.update({"communication": {"CPU": "MindSpore collective", "GPU": "NCCL", "Ascend": "HCCL"}[
             hw.device_target], "parallel_mode": "DATA_PARALLEL", "gradients_mean": True,
