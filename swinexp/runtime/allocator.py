@@ -60,7 +60,7 @@ def check(device_target: str, maps: Path = Path("/proc/self/maps"), environ: Map
     if device_target == "CPU" and not allowed:
         raise ConfigError(f"{problem}. Run without it (unset LD_PRELOAD, or remove the library from it), or set "
                           f"{ALLOW_ENV}=1 to run anyway")
-    if (library, device_target) not in _WARNED:  # validate() runs more than once per job
+    if (library, device_target) not in _WARNED:  # checked before launch and again by apply(), per job of a sweep
         _WARNED.add((library, device_target))
         log.warning("%s%s", problem, "; running anyway" if allowed else
                     f"; on {device_target} it was not verified either way: compare with a run without it")

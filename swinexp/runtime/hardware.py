@@ -54,14 +54,16 @@ def validate(hw: HardwareCfg) -> None:
     if hw.compile_cache_max_gb <= 0:
         raise ConfigError(f"hardware.compile_cache_max_gb={hw.compile_cache_max_gb} must be > 0; to do without the "
                           "compile cache, set hardware.compile_cache=false")
-    allocator.check(hw.device_target)  # a preloaded malloc replacement: wrong CPU train steps (allocator.py)
 
 
 def check_backend(hw: HardwareCfg) -> None:
     """Fail in a second when this MindSpore build cannot run hw.device_target (e.g. the CPU wheel and an Ascend preset).
 
-    Call it after a dry-run check: `dry_run=true` must keep working for any preset, on any machine.
+    Call it after a dry-run check: `dry_run=true` must keep working for any preset, on any machine. Also refuses
+    this process's malloc where it breaks MindSpore's train step (allocator.py): a fact of the process, like the
+    build.
     """
+    allocator.check(hw.device_target)
     # the quiet form of ms.device_context.<target>.is_available(), which logs warnings of its own
     context = MSContext.get_instance()
     if context.is_pkg_support_device(hw.device_target):
