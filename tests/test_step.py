@@ -4,12 +4,20 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy
-from swinexp.engine.step import StepOutput, TrainStep, clip_by_global_norm, global_norm, make_train_step
+from swinexp.engine.step import (
+    StepOutput,
+    TrainStep,
+    clip_by_global_norm,
+    global_norm,
+    make_train_step,
+    soft_target_cross_entropy,
+)
 from swinexp.optim import adamw
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
 
@@ -32,6 +40,24 @@ def _weights(net: nn.Cell) -> list[np.ndarray]:
 
 def _step_count(optimizer: nn.Optimizer) -> int:
     return int(optimizer.global_step.asnumpy().reshape(-1)[0])
+
+
+def test_the_loss_is_timms_soft_target_cross_entropy_with_its_gradient_for_large_and_fp16_logits() -> None:
+    """The loss's own log-softmax (step.py: not MindSpore's LogSoftmax kernel) against float64 numpy, at logits that
+    overflow a naive exp and in fp16; the gradient must be softmax * sum(targets) - targets over the batch size."""
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((4, 7)) * [[1.0], [30.0], [1e3], [1e4]]).astype(np.float32)
+    targets = rng.dirichlet(np.ones(7), 4).astype(np.float32)
+    wide = logits.astype(np.float64)
+    log_p = wide - wide.max(-1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+    expected = float(-(targets * log_p).sum(-1).mean())
+    expected_grad = (np.exp(log_p) * targets.sum(-1, keepdims=True) - targets) / len(targets)
+    loss, grad = ms.value_and_grad(soft_target_cross_entropy)(Tensor(logits), Tensor(targets))
+    np.testing.assert_allclose(float(loss.asnumpy()), expected, rtol=1e-6)
+    np.testing.assert_allclose(grad.asnumpy(), expected_grad, atol=1e-7)
+    half = soft_target_cross_entropy(Tensor(logits[:2].astype(np.float16)), Tensor(targets[:2]))
+    assert half.dtype == ms.float32 and np.isfinite(float(half.asnumpy()))
 
 
 def test_fp16_overflow_is_skipped_and_halves_the_scale() -> None:

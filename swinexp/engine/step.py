@@ -91,9 +91,21 @@ def _pack(loss: Tensor, norm: Tensor, overflow: Tensor, scale: Tensor) -> Tensor
     return ops.stack([ops.cast(v, ms.float32).reshape(()) for v in (loss, norm, overflow, scale)])
 
 
+def log_softmax(logits: Tensor) -> Tensor:
+    """log_softmax over the last axis in fp32, as z - max - log(sum(exp(z - max))).
+
+    Not MindSpore's LogSoftmax: its CPU kernel (oneDNN, then a parallel pass clamping positives) returned the
+    result of an earlier call from about its 13th call on, under a malloc other than glibc's (BENCHMARKS.md; the
+    15-line reproducer is tests/test_allocator.py's). The max is a constant of the gradient, as in any log-sum-exp.
+    """
+    z = ops.cast(logits, ms.float32)
+    shifted = z - ops.stop_gradient(ops.amax(z, -1, True))
+    return shifted - ops.log(ops.sum(ops.exp(shifted), dim=-1, keepdim=True))
+
+
 def soft_target_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean over the batch of -sum(targets * log_softmax(logits)); targets are (B, K) probabilities."""
-    return ops.mean(ops.sum(-targets * ops.log_softmax(ops.cast(logits, ms.float32), axis=-1), dim=-1))
+    return ops.mean(ops.sum(-targets * log_softmax(logits), dim=-1))
 
 
 # Per-parameter work is written as MultitypeFuncGraphs mapped over the gradient tuple, not as Python loops or
