@@ -92,15 +92,17 @@ def _pack(loss: Tensor, norm: Tensor, overflow: Tensor, scale: Tensor) -> Tensor
 
 
 def log_softmax(logits: Tensor) -> Tensor:
-    """log_softmax over the last axis in fp32, as z - max - log(sum(exp(z - max))).
+    """log_softmax over the last axis in fp32, as z - max - log1p(sum(exp(z - max)) - 1).
 
-    Not MindSpore's LogSoftmax: its CPU kernel (oneDNN, then a parallel pass clamping positives) returned the
-    result of an earlier call from about its 13th call on, under a malloc other than glibc's (BENCHMARKS.md; the
-    15-line reproducer is tests/test_allocator.py's). The max is a constant of the gradient, as in any log-sum-exp.
+    Two MindSpore 2.10 CPU kernels are avoided (BENCHMARKS.md, 2026-12-07, with their reproducers): LogSoftmax
+    returned the result of an earlier call from about its 13th call on under a malloc other than glibc's, and Log
+    differs in the last bit while it tunes its parallel split (its 5th to 14th call) unless the batch is a multiple
+    of 8. Log1p computes every element the same way. The sum is at least 1 (its max term is exp(0)), so sum - 1 is
+    exact up to 2 and within an ulp of the sum beyond. The max is a constant of the gradient, as in any log-sum-exp.
     """
     z = ops.cast(logits, ms.float32)
     shifted = z - ops.stop_gradient(ops.amax(z, -1, True))
-    return shifted - ops.log(ops.sum(ops.exp(shifted), dim=-1, keepdim=True))
+    return shifted - ops.log1p(ops.sum(ops.exp(shifted), dim=-1, keepdim=True) - 1.0)
 
 
 def soft_target_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
