@@ -63,7 +63,7 @@ def test_the_loss_is_timms_soft_target_cross_entropy_with_its_gradient_for_large
 
 def test_the_loss_and_its_gradient_repeat_to_the_bit_while_the_kernels_tune_their_parallel_split() -> None:
     """MindSpore's CPU kernels time several parallel splits over their first ~15 calls; the loss must not change
-    with the split (MindSpore's Log did, in the last bit, at batches that are not a multiple of 8). A shape no other
+    with the split (MindSpore's Log did, in the last bit, at some batch sizes, 20 among them). A shape no other
     test uses, so the kernels are new here."""
     rng = np.random.default_rng(1)
     logits = Tensor(rng.standard_normal((20, 13)).astype(np.float32))

@@ -96,8 +96,8 @@ def log_softmax(logits: Tensor) -> Tensor:
 
     Two MindSpore 2.10 CPU kernels are avoided (BENCHMARKS.md, 2026-12-07, with their reproducers): LogSoftmax
     returned the result of an earlier call from about its 13th call on under a malloc other than glibc's, and Log
-    differs in the last bit while it tunes its parallel split (its 5th to 14th call) unless the batch is a multiple
-    of 8. Log1p computes every element the same way. The sum is at least 1 (its max term is exp(0)), so sum - 1 is
+    differs in the last bit while it tunes its parallel split (its 6th to 15th call) at some batch sizes (4, 5, 9,
+    12, 20, ...). Log1p did not, at any size tried. The sum is at least 1 (its max term is exp(0)), so sum - 1 is
     exact up to 2 and within an ulp of the sum beyond. The max is a constant of the gradient, as in any log-sum-exp.
     """
     z = ops.cast(logits, ms.float32)
