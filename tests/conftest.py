@@ -16,7 +16,7 @@ from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 import swinexp  # noqa: F401  (registers components and schemas)
-from tests import leftovers
+from tests import ci_skips, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -29,6 +29,7 @@ SMOKE = ["model=swin_micro", "data=synthetic", "data.num_train=96", "data.num_va
 
 def pytest_configure(config: pytest.Config) -> None:
     leftovers.register(config)  # a test whose processes outlive it errors (tests/leftovers.py)
+    ci_skips.register(config)   # CI=true: a skip not in tests/ci_skips.txt fails the run (tests/ci_skips.py)
     _session_cache_home()
 
 
