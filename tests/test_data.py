@@ -194,8 +194,9 @@ def test_smoothed_targets_follow_timm() -> None:
     assert np.allclose(targets[0], [0.025, 0.025, 0.925, 0.025]) and np.allclose(targets.sum(axis=1), 1)
 
 
-# ../shared beside the checkout
-CIFAR_TAR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cifar10"
+# SWINEXP_CIFAR10_TARS (.ci/run sets it), else ../shared beside the checkout
+CIFAR_TAR = Path(os.environ.get("SWINEXP_CIFAR10_TARS")
+                 or Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cifar10")
 
 
 def _write_bad_inputs(folder: Path) -> dict[str, tuple[int, int, int]]:
@@ -285,7 +286,8 @@ def test_swin_preset_loader_gives_mixed_soft_targets(tmp_path: Path) -> None:
 def cifar_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """3 train and 2 test JPEGs per class, extracted from the shared CIFAR-10 tars (skip when absent)."""
     if not (CIFAR_TAR / "train.tar").is_file() or not (CIFAR_TAR / "test.tar").is_file():
-        pytest.skip(f"CIFAR-10 tars not found under {CIFAR_TAR}")
+        pytest.skip(f"CIFAR-10 tars not found under {CIFAR_TAR}: set SWINEXP_CIFAR10_TARS to the folder holding "
+                    "train.tar and test.tar")
     root = extract(CIFAR_TAR, tmp_path_factory.mktemp("cifar10"), train_per_class=3, test_per_class=2)
     return root
 
