@@ -12,7 +12,9 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from swinexp.amp import AmpPolicy, overflow
+from swinexp.amp import precision as amp_precision
 from swinexp.amp import report as precision_report
+from swinexp.amp.precision import Precision
 from swinexp.config import ACCUMULATE_ON, Composed, HardwareCfg, Plan, TrainerCfg, compose, read, saved
 from swinexp.data import AUGMENTS, DATASETS, DataSpec, build_loaders
 from swinexp.data.datasets import check_data_args
@@ -24,13 +26,13 @@ from swinexp.models import fused_cpu
 from swinexp.models.swin import check_resolution
 from swinexp.optim import lr_scale
 from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, ConfigError, import_modules
-from swinexp.runtime import hardware
+from swinexp.runtime import chips, hardware
 from swinexp.runtime.launch import is_worker, rank, world_size
 from swinexp.tracking import NullTracker, Tracker
 
 __all__ = ["Experiment", "Plan", "build_amp", "build_data_spec", "build_eval_transform", "build_experiment",
-           "build_model", "build_optimization", "build_schedule", "configure_device", "optimizer_steps", "plan_for",
-           "resolve", "saved_plan", "shard_sizes", "total_batch_size"]
+           "build_model", "build_optimization", "build_precision", "build_schedule", "configure_device",
+           "optimizer_steps", "plan_for", "resolve", "saved_plan", "shard_sizes", "total_batch_size"]
 
 
 def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
@@ -48,6 +50,7 @@ def resolve(cfg: Composed | Plan, backend: bool = True) -> Plan:
     hardware.validate(plan.hardware)
     if backend:
         hardware.check_backend(plan.hardware)
+    plan = _with_card(plan, hardware.with_card(plan.hardware))  # hardware.chip=null: the card's, where one is here
     check_amp_on_hardware(build_amp(plan), plan.hardware)
     check_data_args(_data_and_augment(plan)[0])
     check_native_recipe(plan)
@@ -96,6 +99,9 @@ def check_trainer(trainer: TrainerCfg) -> None:
     if trainer.log_every_n_steps < 1:
         raise ConfigError(f"trainer.log_every_n_steps={trainer.log_every_n_steps} must be >= 1 (optimizer steps "
                           "between the host's reads of the step outputs)")
+    if trainer.max_nonfinite < 1 or trainer.max_overflow_at_min_scale < 1:
+        raise ConfigError(f"trainer.max_nonfinite={trainer.max_nonfinite} and trainer.max_overflow_at_min_scale="
+                          f"{trainer.max_overflow_at_min_scale} must be >= 1 (steps in a row that stop a diverged run)")
     if not 0 <= trainer.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={trainer.label_smoothing} must be in [0, 1)")
 
@@ -125,19 +131,35 @@ def _naming_the_followed_key(plan: Plan, err: ConfigError) -> ConfigError:
 
 
 def build_amp(plan: Plan) -> AmpPolicy:
-    """The precision policy of `plan.amp`; invalid combinations are rejected here."""
-    return AMP_POLICIES.build(plan.section("amp"))
+    """The precision policy of `plan.amp` as it runs on the plan's chip (`build_precision`); invalid combinations
+    are rejected here."""
+    return build_precision(plan).policy
 
 
-def configure_device(plan: Plan, one_process: bool = False) -> None:
-    """Set the MindSpore context, seeds and kernels the plan's run needs — with its amp policy's Ascend operator
-    precision mode, so an fp32 MatMul stays fp32 on the card — once per process, before building.
+def build_precision(plan: Plan) -> Precision:
+    """`plan.amp` resolved on the plan's chip: the Ascend precision mode and HF32 switches it needs there, and the
+    name of what it computes (`o0 (fp32 except Cube inputs: fp16 on ascend910)`)."""
+    hw = plan.hardware
+    return amp_precision.resolve(AMP_POLICIES.build(plan.section("amp")), chips.of(hw.device_target, hw.chip))
+
+
+def configure_device(plan: Plan, one_process: bool = False) -> Plan:
+    """Set the MindSpore context, seeds and kernels the plan's run needs — with its amp policy's precision resolved
+    on the card, so fp32 stays as fp32 as the chip can — once per process, before building.
 
     Args:
         one_process: one process on one card (serving a run, a check, a benchmark), whatever the run trained on.
+
+    Returns:
+        The plan with `hardware.chip` the card's (Ascend): build from this one.
     """
     hw = replace(plan.hardware, num_devices=1, num_nodes=1) if one_process else plan.hardware
-    hardware.apply(hw, plan.seed, plan.trainer.deterministic, build_amp(plan).ascend_precision_mode)
+    hw = hardware.apply(hw, plan.seed, plan.trainer.deterministic, AMP_POLICIES.build(plan.section("amp")))
+    return _with_card(plan, hw)
+
+
+def _with_card(plan: Plan, hw: HardwareCfg) -> Plan:
+    return plan if hw.chip == plan.hardware.chip else plan.with_values({"hardware.chip": hw.chip})
 
 
 def build_eval_transform(plan: Plan) -> EvalTransform:
@@ -164,9 +186,10 @@ def check_amp_on_hardware(amp: AmpPolicy, hw: HardwareCfg) -> None:
         raise ConfigError("amp.dtype=bfloat16: MindSpore's CPU backend has no bfloat16 MatMul/Conv2D kernels, so the "
                           "network cannot run; use amp.dtype=float16 on CPU, or bfloat16 with a GPU/Ascend hardware "
                           "config")
-    if hw.chip == overflow.FIRST_GENERATION and amp.dtype == ms.bfloat16:
-        raise ConfigError(f"amp.dtype=bfloat16 but hardware.chip={hw.chip} (the first-generation Ascend 910) has no "
-                          "bfloat16 kernels; use amp.dtype=float16 there, or hardware.chip=ascend910b on a 910B")
+    chip = chips.of(hw.device_target, hw.chip)
+    if hw.device_target == "Ascend" and chip is not None and not chip.bf16 and amp.dtype == ms.bfloat16:
+        raise ConfigError(f"amp.dtype=bfloat16 but hardware.chip={hw.chip} ({chip.product}) has no bfloat16 kernels; "
+                          "use amp.dtype=float16 there (bfloat16 needs an Atlas A2 card or later)")
 
 
 def check_kernels_on_hardware(kernels: dict[str, str | None], hw: HardwareCfg, compiler: bool = True) -> None:
@@ -239,7 +262,8 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: boo
     A `data.num_classes: null` becomes the number of classes the dataset found, in the returned experiment's
     `plan` (and every model key that follows it), so the model head and the saved config agree with it.
     """
-    trainer, amp = plan.trainer, build_amp(plan)
+    trainer, precision = plan.trainer, build_precision(plan)
+    amp = precision.policy
     data_cfg, augment_cfg = _data_and_augment(plan)
     tracker = tracker if tracker is not None else NullTracker()
     counted = "num_classes" in data_cfg and data_cfg["num_classes"] is None  # null: count the class folders
@@ -262,7 +286,7 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: boo
         images, _ = next(iter(val_loader.epoch(0)))
         fp32 = precision_report.fp32_outputs(model, images)
     model = amp.apply(model)
-    report = precision_report.artifacts(fp32, model, amp, images) if amp_report else None
+    report = precision_report.artifacts(fp32, model, precision, images) if amp_report else None
     steps = optimizer_steps(trainer, len(train_loader))
     if steps == 0:
         raise ConfigError(f"trainer.accumulation_steps={trainer.accumulation_steps} exceeds the {len(train_loader)} "
@@ -272,5 +296,5 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: boo
     hw = plan.hardware
     return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
                       total_batch=total_batch, lr_scale=lr_scale(total_batch, trainer.lr_batch_size), plan=plan,
-                      amp_report=report,
+                      amp_report=report, amp_effective=precision.effective,
                       overflow_check=overflow.resolve(hw.overflow_check, hw.device_target, hw.chip))

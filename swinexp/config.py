@@ -72,6 +72,8 @@ class TrainerCfg:
     resume_force: bool = False                  # resume even if the config group choices differ from the checkpoint's
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     max_nonfinite: int = 3                      # consecutive non-finite losses that stop the run (checkpointed)
+    max_overflow_at_min_scale: int = 10         # consecutive overflow-skipped optimizer steps at the smallest loss
+                                                # scale that stop it (a saturating card never shows a non-finite loss)
     profile: ProfileCfg = field(default_factory=ProfileCfg)
 
 
@@ -95,7 +97,9 @@ class HardwareCfg:
     master_port: int = 8118                     # msrun scheduler port, the same on every node
     node_rank: int = 0                          # this node's index, 0..num_nodes-1 (set per node)
     log_dir: Optional[str] = None               # msrun worker logs; null = <run dir>/msrun (multi-node: .../node<r>)
-    rank_table_file: Optional[str] = None       # Ascend rank table JSON handed to msrun; null = none (rank_table.py)
+    rank_table_file: Optional[str] = None       # Ascend rank table JSON (or its directory) for msrun; null = none:
+                                                # then RANK_TABLE_FILE is kept from the workers (rank_table.py)
+    rank_table_wait_s: float = 300.0            # how long to wait for the table's status to read 'completed'
     platform: Optional[str] = None              # modelarts: one launcher per node from per-card copies (modelarts.py)
     shared_dir: Optional[str] = None            # a path every node mounts: default run dirs and MLflow store go there
     node_sync_timeout_s: float = 300.0          # multi-node: how long nodes wait for each other in the shared run dir

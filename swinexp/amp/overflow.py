@@ -24,12 +24,22 @@ from mindspore.amp import all_finite
 from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloatStatusV2
 
 from swinexp.registry import ConfigError
+from swinexp.runtime import chips, simulated_ascend
 
 OVERFLOW_CHECKS = ("auto", "isfinite", "status_register")
-SATURATION_ENV = "MS_ASCEND_CHECK_OVERFLOW_MODE"  # MindSpore/CANN's switch between SATURATION_MODE and INF_NAN_MODE
-FIRST_GENERATION = "ascend910"  # the Atlas training series card: saturation mode only, no bfloat16
+SATURATION_ENV = "MS_ASCEND_CHECK_OVERFLOW_MODE"  # an Atlas A2 card's switch: SATURATION_MODE | INFNAN_MODE
 FP16_MAX = 65504.0
 _STATUS_SHAPE = (8,)  # the register as MindSpore exposes it: int32 x 8, all zero when nothing overflowed
+
+
+def check_setting(check: str, device_target: str) -> None:
+    """hardware.overflow_check is a known name that this device can have."""
+    if check not in OVERFLOW_CHECKS:
+        raise ConfigError(f"hardware.overflow_check='{check}' is not valid; choose one of: "
+                          f"{', '.join(OVERFLOW_CHECKS)}")
+    if check == "status_register" and device_target != "Ascend":
+        raise ConfigError(f"hardware.overflow_check=status_register reads an Ascend card's float status register, and "
+                          f"hardware.device_target={device_target} has none; use overflow_check=auto (isfinite here)")
 
 
 def resolve(check: str, device_target: str, chip: str | None, env: dict[str, str] | None = None) -> str:
@@ -38,31 +48,33 @@ def resolve(check: str, device_target: str, chip: str | None, env: dict[str, str
     Args:
         check: auto | isfinite | status_register.
         device_target: CPU | GPU | Ascend.
-        chip: hardware.chip, e.g. ascend910 (first generation) or ascend910b; None on Ascend = ask the card.
+        chip: the Ascend card (runtime/chips.py); `auto` on Ascend needs it: read it first (`hardware.with_card`).
         env: the environment (default os.environ) for MS_ASCEND_CHECK_OVERFLOW_MODE.
     """
     env = os.environ if env is None else env
-    if check not in OVERFLOW_CHECKS:
-        raise ConfigError(f"hardware.overflow_check='{check}' is not valid; choose one of: "
-                          f"{', '.join(OVERFLOW_CHECKS)}")
-    if check == "status_register" and device_target != "Ascend":
-        raise ConfigError(f"hardware.overflow_check=status_register reads an Ascend card's float status register, and "
-                          f"hardware.device_target={device_target} has none; use overflow_check=auto (isfinite here)")
+    check_setting(check, device_target)
     if check != "auto":
         return check
     if device_target != "Ascend":
         return "isfinite"
-    if chip == FIRST_GENERATION or env.get(SATURATION_ENV) == "SATURATION_MODE":
+    if chip is None:
+        raise ConfigError("hardware.overflow_check=auto on Ascend depends on the card, and it has not been read; "
+                          "set hardware.chip (one of: " + ", ".join(chips.ASCEND_CHIPS) + ") or run on the card")
+    if chips.CHIPS[chip].saturates or env.get(SATURATION_ENV) == "SATURATION_MODE":
         return "status_register"
     return "isfinite"
 
 
 def describe(check: str, device_target: str, chip: str | None) -> str:
     """The resolved check with the reason, for the dry run and logs."""
+    if check == "auto" and device_target == "Ascend" and chip is None:
+        saturating = [c for c in chips.ASCEND_CHIPS if chips.CHIPS[c].saturates]
+        return (f"decided from the card at start: status_register on {', '.join(saturating)} (saturates fp16 "
+                "overflow), isfinite on the others unless " + f"{SATURATION_ENV}=SATURATION_MODE")
     resolved = resolve(check, device_target, chip)
     if resolved == "status_register":
-        why = (f"{chip} saturates fp16 overflow" if chip == FIRST_GENERATION
-               else f"{SATURATION_ENV}=SATURATION_MODE" if os.environ.get(SATURATION_ENV) == "SATURATION_MODE"
+        why = (f"{chip} saturates fp16 overflow" if check == "auto" and chip and chips.CHIPS[chip].saturates
+               else f"{SATURATION_ENV}=SATURATION_MODE" if check == "auto"
                else "set explicitly")
         return f"status_register ({why}; NPUClear/GetFloatStatusV2 around each micro-batch)"
     return f"isfinite ({'gradient norm / all_finite' if check == 'auto' else 'set explicitly'})"
@@ -165,5 +177,8 @@ class SaturatingDevice(StatusRegister):
 
 
 def make(resolved: str) -> FiniteCheck:
-    """The check object for a resolved name (see `resolve`)."""
-    return StatusRegister() if resolved == "status_register" else FiniteCheck()
+    """The check object for a resolved name (see `resolve`); on a simulated card (runtime/simulated_ascend.py) the
+    status register is `SaturatingDevice`'s."""
+    if resolved != "status_register":
+        return FiniteCheck()
+    return SaturatingDevice() if simulated_ascend.active() is not None else StatusRegister()

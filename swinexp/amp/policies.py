@@ -27,15 +27,15 @@ from swinexp.registry import AMP_POLICIES, ConfigError
 DTYPES = {"float16": ms.float16, "bfloat16": ms.bfloat16}
 LOSS_SCALES = ("dynamic", "static", "none")
 # Ascend's operator precision mode (mindspore.device_context.ascend.op_precision.precision_mode): what CANN may do to
-# an operator's dtype behind the graph's back. On the Atlas training series (the 910) its default runs MatMul/Conv in
-# fp16 even in an fp32 graph, so every policy pins a mode and the hardware context applies it.
+# an operator's dtype behind the graph's back. `auto` (every policy's default) resolves per chip to the mode that
+# keeps fp32 ops as fp32 as the chip can (amp/precision.py, runtime/chips.py); the others are deliberate ablations.
+AUTO = "auto"
 KEEP_ORIGIN = "must_keep_origin_dtype"
-ASCEND_PRECISION_MODES = ("must_keep_origin_dtype", "force_fp32", "allow_fp32_to_fp16", "force_fp16",
+ASCEND_PRECISION_MODES = (AUTO, "must_keep_origin_dtype", "force_fp32", "allow_fp32_to_fp16", "force_fp16",
                           "allow_mix_precision", "allow_mix_precision_fp16", "allow_fp32_to_bf16",
                           "allow_mix_precision_bf16")
-LOWERING_MODES = ("allow_fp32_to_fp16", "force_fp16", "allow_mix_precision", "allow_mix_precision_fp16",
-                  "allow_fp32_to_bf16", "allow_mix_precision_bf16")  # modes that compute fp32 ops in 16 bits
-# o1_manual's default: everything whose fp16 result is fragile (exp/erf/variance) stays fp32
+# o1_manual's default: everything whose fp16 result is fragile (exp/erf/variance) stays fp32; on a chip without fp32
+# Cube math the convolutions compute in fp16 all the same (amp/precision.py drops them there and says so)
 MANUAL_FP32_CELLS = ("GELU", "Softmax", "Conv2d", "Conv1d", "BatchNorm2d", "LayerNorm")
 
 
@@ -51,8 +51,8 @@ class AmpPolicy:
         init_scale: initial (dynamic) or constant (static) loss scale.
         scale_factor: dynamic: the scale is divided by this on overflow, multiplied after `scale_window` clean steps.
         scale_window: dynamic: clean optimizer steps before the scale grows.
-        ascend_precision_mode: the Ascend operator precision mode this policy's numbers need (KEEP_ORIGIN: the
-            policy's own casts decide every dtype); applied by `runtime.hardware.apply` on Ascend.
+        ascend_precision_mode: the Ascend operator precision mode; `auto` resolves per chip (amp/precision.py) and
+            `runtime.hardware.apply` sets the result on Ascend.
     """
 
     level: str
@@ -62,7 +62,7 @@ class AmpPolicy:
     init_scale: float = 2.0**16
     scale_factor: int = 2
     scale_window: int = 2000
-    ascend_precision_mode: str = KEEP_ORIGIN
+    ascend_precision_mode: str = AUTO
 
     @property
     def low_precision(self) -> bool:
@@ -108,20 +108,17 @@ def _cell_types(names: Sequence[str]) -> tuple[type[nn.Cell], ...]:
     return tuple(types)
 
 
-def _precision_mode(mode: str, level: str) -> str:
+def _precision_mode(mode: str) -> str:
+    """A known mode name; what the chip makes of it is checked where the chip is known (amp/precision.py)."""
     if mode not in ASCEND_PRECISION_MODES:
         hint = get_close_matches(str(mode), ASCEND_PRECISION_MODES, n=1)
         raise ConfigError(f"amp.ascend_precision_mode='{mode}' is not an Ascend precision mode; choose one of: "
                           f"{', '.join(ASCEND_PRECISION_MODES)}" + (f". Did you mean '{hint[0]}'?" if hint else ""))
-    if level == "O0" and mode in LOWERING_MODES:
-        raise ConfigError(f"amp=o0 is the fp32 reference, but amp.ascend_precision_mode={mode} lets Ascend compute "
-                          f"fp32 operators in 16 bits; use {KEEP_ORIGIN} (or force_fp32), or pick an fp16 policy "
-                          "(amp=o1_manual, o2, ...) to compare low precision")
     return mode
 
 
 def _policy(level: str, dtype: str, loss_scale: str, init_scale: float, scale_factor: int, scale_window: int,
-            fp32_cells: tuple[type[nn.Cell], ...] = (), ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
+            fp32_cells: tuple[type[nn.Cell], ...] = (), ascend_precision_mode: str = AUTO) -> AmpPolicy:
     if loss_scale not in LOSS_SCALES:
         raise ConfigError(f"amp.loss_scale='{loss_scale}' is not valid; choose one of: {', '.join(LOSS_SCALES)}")
     if init_scale < 1:
@@ -131,17 +128,18 @@ def _policy(level: str, dtype: str, loss_scale: str, init_scale: float, scale_fa
     if int(scale_window) != scale_window or scale_window < 1:
         raise ConfigError(f"amp.scale_window={scale_window} must be an integer >= 1 (optimizer steps)")
     return AmpPolicy(level, _dtype(dtype), fp32_cells, loss_scale, float(init_scale), int(scale_factor),
-                     int(scale_window), _precision_mode(ascend_precision_mode, level))
+                     int(scale_window), _precision_mode(ascend_precision_mode))
 
 
 @AMP_POLICIES.register("o0")
-def o0(ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
-    """Pure fp32: the reference every other policy is compared with; no loss scaling.
+def o0(ascend_precision_mode: str = AUTO) -> AmpPolicy:
+    """fp32 as far as the chip has it: the reference every other policy is compared with; no loss scaling.
 
     Args:
-        ascend_precision_mode: must keep fp32 on Ascend: KEEP_ORIGIN or force_fp32 (a lowering mode is refused).
+        ascend_precision_mode: auto (per chip: must_keep_origin_dtype with HF32 off on a 910B; on a first-generation
+            910, whose Cube unit has no fp32, allow_fp32_to_fp16) or that chip's mode; anything else is refused.
     """
-    return AmpPolicy(level="O0", ascend_precision_mode=_precision_mode(ascend_precision_mode, "O0"))
+    return AmpPolicy(level="O0", ascend_precision_mode=_precision_mode(ascend_precision_mode))
 
 
 def _mindspore_level(level: str, doc: str) -> Callable[..., AmpPolicy]:
@@ -153,12 +151,12 @@ def _mindspore_level(level: str, doc: str) -> Callable[..., AmpPolicy]:
         init_scale: initial (dynamic) or constant (static) loss scale.
         scale_factor: dynamic: divide by this on overflow, multiply after `scale_window` clean steps.
         scale_window: dynamic: clean optimizer steps before the scale grows.
-        ascend_precision_mode: Ascend's operator precision mode; the default keeps every dtype the policy's casts
-            chose, so the ablation measures the policy and not CANN's own lowering.
+        ascend_precision_mode: Ascend's operator precision mode; `auto` keeps every dtype the policy's casts chose
+            as far as the chip can, so the ablation measures the policy and not CANN's own lowering.
     """
     def policy(dtype: str = "float16", loss_scale: str = "dynamic", init_scale: float = 2.0**16,
                scale_factor: int = 2, scale_window: int = 2000,
-               ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
+               ascend_precision_mode: str = AUTO) -> AmpPolicy:
         return _policy(level, dtype, loss_scale, init_scale, scale_factor, scale_window,
                        ascend_precision_mode=ascend_precision_mode)
 
@@ -178,7 +176,7 @@ o3 = AMP_POLICIES.register("o3")(_mindspore_level(
 @AMP_POLICIES.register("o1_manual")
 def o1_manual(dtype: str = "float16", fp32_cells: Sequence[str] = MANUAL_FP32_CELLS, loss_scale: str = "dynamic",
               init_scale: float = 2.0**16, scale_factor: int = 2, scale_window: int = 2000,
-              ascend_precision_mode: str = KEEP_ORIGIN) -> AmpPolicy:
+              ascend_precision_mode: str = AUTO) -> AmpPolicy:
     """The network in `dtype`, except cells of the types named in `fp32_cells`, kept fp32 with outputs cast back.
 
     Args:

@@ -15,6 +15,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from swinexp.amp.policies import AmpPolicy
+from swinexp.amp.precision import Precision
 
 INSPECTIONS = ("amp", "drift")
 _FLAG_DTYPES = (("fp16", "float16"), ("bf16", "bfloat16"), ("fp32", "float32"))
@@ -70,12 +71,14 @@ def compute_dtypes(network: nn.Cell, policy: AmpPolicy) -> dict[str, str]:
     return table
 
 
-def dtype_table(network: nn.Cell, policy: AmpPolicy) -> str:
-    """A text table: every cell path, its type and its compute dtype under `policy`."""
+def dtype_table(network: nn.Cell, precision: Precision) -> str:
+    """A text table: every cell path, its type and its compute dtype under the policy, as it runs on its chip."""
+    policy = precision.policy
     dtypes = compute_dtypes(network, policy)
     cells = compute_cells(network)
     width = max(len(p) for p in dtypes)
-    lines = [f"amp policy {policy.level} (low precision: {str(policy.dtype).lower()})",
+    lines = [f"amp policy {precision.effective} (low precision: {str(policy.dtype).lower()})",
+             *(f"chip: {note}" for note in precision.notes),
              f"{'cell':<{width}}  {'type':<22}  compute dtype", "-" * (width + 40)]
     lines += [f"{path:<{width}}  {_type_name(cells[path]):<22}  {dtype}"
               for path, dtype in dtypes.items()]
@@ -161,8 +164,9 @@ def drift_report(reference: dict[str, np.ndarray], candidate: nn.Cell, policy: A
     return "\n".join(lines)
 
 
-def artifacts(reference: dict[str, np.ndarray], model: nn.Cell, policy: AmpPolicy, images: Tensor) -> dict[str, str]:
+def artifacts(reference: dict[str, np.ndarray], model: nn.Cell, precision: Precision,
+              images: Tensor) -> dict[str, str]:
     """{file name: text} for a run to save: the dtype table and the drift report of `model` vs its own fp32
     outputs `reference` (`fp32_outputs` before the policy was applied)."""
-    return {"amp_dtypes.txt": dtype_table(model, policy),
-            "amp_drift.txt": drift_report(reference, model, policy, images)}
+    return {"amp_dtypes.txt": dtype_table(model, precision),
+            "amp_drift.txt": drift_report(reference, model, precision.policy, images)}

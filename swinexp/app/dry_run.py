@@ -12,10 +12,10 @@ import numpy as np
 from swinexp.amp import report as amp_report
 from swinexp.build import (
     Plan,
-    build_amp,
     build_data_spec,
     build_experiment,
     build_model,
+    build_precision,
     build_schedule,
     optimizer_steps,
     shard_sizes,
@@ -35,8 +35,10 @@ def dry_run_report(plan: Plan, overrides: list[str], run_dir: Path) -> str:
     accumulation = plan.trainer.accumulation_steps
     lines = [f"dry run: {world} worker(s) = {hw.num_devices} per node x {hw.num_nodes} node(s), "
              f"device_target={hw.device_target}", *launch.launch_plan(hw, overrides, run_dir)]
+    precision = build_precision(plan)
     lines.append("mindspore context: " + ", ".join(
-        f"{k}={v}" for k, v in hardware.context_summary(hw, build_amp(plan).ascend_precision_mode).items()))
+        f"{k}={v}" for k, v in hardware.context_summary(hw, precision.policy).items()))
+    lines += [f"precision note: {note}" for note in precision.notes]
     train, val = shard_sizes(plan, spec)
     lines.append(f"train shard per rank: {train} samples, {train[0] // spec.batch_size} batches of "
                  f"{spec.batch_size} per epoch")
@@ -65,12 +67,12 @@ def inspect_precision(plan: Plan, what: str | None) -> str:
     if what not in amp_report.INSPECTIONS:
         raise ConfigError(f"inspect={what} is not valid; choose one of: {', '.join(amp_report.INSPECTIONS)}, "
                           f"e.g. python run.py amp=o2 inspect=drift")
-    policy = build_amp(plan)
+    precision = build_precision(plan)
     header = ("hardware: " + ", ".join(f"{k}={v}" for k, v in hardware.context_summary(
-        plan.hardware, policy.ascend_precision_mode).items() if k in ("device_target", "chip", "overflow_check",
-                                                                      "ascend_precision_mode")))
+        plan.hardware, precision.policy).items() if k in ("device_target", "chip", "overflow_check",
+                                                          "ascend_precision_mode", "amp_effective")))
     if what == "amp":  # no data needed: build only the model and the policy
-        return header + "\n" + amp_report.dtype_table(policy.apply(build_model(plan)), policy)
+        return header + "\n" + amp_report.dtype_table(precision.policy.apply(build_model(plan)), precision)
     exp = build_experiment(plan, amp_report=True)  # an inspection is not a tracked run
     return header + "\n" + exp.amp_report["amp_drift.txt"]
 
@@ -99,7 +101,7 @@ def describe(plan: Plan) -> str:
         f"  optimizer: {optimizer['name']}, lr {optimizer['lr']:g} quoted at total batch "
         f"{trainer.lr_batch_size or total_batch}, weight_decay {optimizer.get('weight_decay')}",
         f"  trainer: {trainer.epochs} epochs, clip_grad {trainer.clip_grad}, label_smoothing "
-        f"{trainer.label_smoothing}, ema.decay {trainer.ema.decay}, amp {plan.section('amp')['name']}",
+        f"{trainer.label_smoothing}, ema.decay {trainer.ema.decay}, amp {build_precision(plan).effective}",
         f"  stop: after epoch {last} of {trainer.epochs}"
         + (" (a screen: rerun in its run dir with trainer.stop_after_epoch=null to continue)" if last < trainer.epochs
            else ""),

@@ -47,7 +47,7 @@ def run(cfg: DictConfig, job: JobInfo) -> dict[str, float]:
         return _launch_workers(resolve(plan), job)  # a config error never waits for msrun
     if launch.is_extra_scheduler():  # several "nodes" on one host: node 0's scheduler serves them all
         return {}
-    configure_device(plan)
+    plan = configure_device(plan)  # on Ascend, hardware.chip is the card's from here on
     if launch.is_scheduler():  # msrun's scheduler has served the cluster inside init(); nothing else to do
         return {}
     if cfg.inspect:  # inspect=amp | inspect=drift: print the precision report and stop
@@ -155,6 +155,7 @@ def train(plan: Plan, job: JobInfo) -> dict[str, float]:
             tracker.log_params({**{k: v for k, v in flatten(config).items() if k not in RUN_STATE_KEYS},
                                 "hardware.overflow_check_resolved": exp.overflow_check})
             log_data(tracker, exp, str(plan.get("data.name")), job.run_dir)
+        tracker.set_tags({"amp.effective": exp.amp_effective})
         (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
         tracker.log_artifact(job.run_dir / "config.yaml")
         log_amp_report(exp, job.run_dir)

@@ -30,3 +30,4 @@ class Experiment:
     overflow_check: str = "isfinite"  # how the step sees fp16 overflow on this device (amp/overflow.resolve)
     plan: Plan | None = None         # what it was built from, with the class count a folder dataset found
     amp_report: Mapping[str, str] | None = None  # {file name: text}: the policy's dtype table and drift vs fp32
+    amp_effective: str = ""          # what the policy computes on this chip (amp/precision.py), e.g. an MLflow tag

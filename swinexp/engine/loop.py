@@ -13,13 +13,12 @@ import numpy as np
 from mindspore import nn
 from tqdm import tqdm
 
-from swinexp.amp import overflow
 from swinexp.config import TrainerCfg
 from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import EvalStep, evaluate, make_eval_step
 from swinexp.engine.experiment import Experiment
 from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
-from swinexp.engine.step import StepOutput, TrainStep, make_train_step, read_all
+from swinexp.engine.step import StepOutput, TrainStep, read_all, train_step_for
 from swinexp.runtime import compile_cache, launch, phases
 from swinexp.runtime.interrupt import Interrupted, StopRequest, stop_on_signals
 
@@ -34,7 +33,8 @@ EpochCheck = Callable[[int, dict[str, float]], bool]
 
 
 class NonFiniteLoss(FloatingPointError):
-    """trainer.max_nonfinite losses in a row were not finite; the last good state was checkpointed."""
+    """trainer.max_nonfinite losses in a row were not finite, or trainer.max_overflow_at_min_scale optimizer steps in
+    a row overflowed at the smallest loss scale; the last good state was checkpointed."""
 
 
 @dataclass
@@ -70,9 +70,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
         The metrics of every epoch, in order (those before a resumption included).
     """
     trainer, distributed = exp.trainer, launch.is_worker()
-    train_step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, jit,
-                                 trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay, distributed,
-                                 overflow_check=overflow.make(exp.overflow_check), rank=launch.rank())
+    train_step = train_step_for(exp, jit, distributed, launch.rank())
     eval_step = make_eval_step(exp.model, jit)
     progress = _starting_progress(exp, train_step, resume_from, config, choices)
     checkpoints = _Checkpoints(checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last), exp,
@@ -139,7 +137,9 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
 
     Raises:
         Interrupted: a signal arrived (checkpointed after the current optimizer step).
-        NonFiniteLoss: trainer.max_nonfinite non-finite losses in a row (the state at that read point checkpointed).
+        NonFiniteLoss: trainer.max_nonfinite non-finite losses in a row, or trainer.max_overflow_at_min_scale
+            overflow-skipped optimizer steps in a row at the smallest loss scale (the state at that read point
+            checkpointed).
     """
     trainer = exp.trainer
     micro_batches = exp.steps_per_epoch * trainer.accumulation_steps
@@ -180,7 +180,7 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
         if readback.tripped is not None:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)  # the updates of non-finite steps were skipped: these are the last good weights
-            raise _nonfinite_error(exp, progress, readback.tripped, train_step.optimizer_step, run_dir)
+            raise _diverged_error(exp, progress, readback, train_step.optimizer_step, run_dir)
         if stop.signum is not None or mid_epoch_due:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)
@@ -198,7 +198,10 @@ class _Readback:
         self.exp, self.progress, self.bar, self.start = exp, progress, bar, start
         self.pending: list[tuple[StepOutput, int, int]] = []
         self.nonfinite_run = 0  # non-finite micro-batch losses in a row, up to the last read
-        self.tripped: tuple[int, int] | None = None  # (batch, optimizer step) where that run reached max_nonfinite
+        self.overflow_run = 0  # overflow-skipped optimizer steps in a row at the smallest loss scale
+        self.tripped: tuple[int, int] | None = None  # (batch, optimizer step) where a run reached its limit
+        self.overflowed = False  # the limit reached was the overflow run's (a saturating card hides nan/inf)
+        self.min_scale = exp.amp.init_scale if exp.amp.loss_scale == "static" else 1.0
 
     def add(self, out: StepOutput, step: int) -> None:
         self.pending.append((out, step, self.progress.batches_done))
@@ -216,6 +219,10 @@ class _Readback:
                 self.tripped = (batch, step)
             if not out.updated:
                 continue
+            at_floor = out.overflow and out.loss_scale <= self.min_scale
+            self.overflow_run = self.overflow_run + 1 if at_floor else 0
+            if self.overflow_run >= self.exp.trainer.max_overflow_at_min_scale and self.tripped is None:
+                self.tripped, self.overflowed = (batch, step), True
             progress.overflow_steps += out.overflow
             progress.loss_scale = out.loss_scale
             if not out.overflow:
@@ -228,17 +235,23 @@ class _Readback:
                              img_s=f"{progress.seen / (time.perf_counter() - self.start):.1f}")
 
 
-def _nonfinite_error(exp: Experiment, progress: Progress, tripped: tuple[int, int], optimizer_step: int,
-                     run_dir: Path) -> NonFiniteLoss:
-    batch, step = tripped
+def _diverged_error(exp: Experiment, progress: Progress, readback: _Readback, optimizer_step: int,
+                    run_dir: Path) -> NonFiniteLoss:
+    batch, step = readback.tripped or (progress.batches_done, optimizer_step)
+    trainer = exp.trainer
     read_later = (f"; the host saw it at its next read of the step outputs, batch {progress.batches_done}, optimizer "
-                  f"step {optimizer_step} (trainer.log_every_n_steps={exp.trainer.log_every_n_steps})"
+                  f"step {optimizer_step} (trainer.log_every_n_steps={trainer.log_every_n_steps})"
                   if progress.batches_done != batch else "")
+    where = f"by epoch {progress.epoch + 1}, batch {batch}, optimizer step {step}{read_later} (amp {exp.amp.level})"
+    what = (f"the gradients overflowed in {trainer.max_overflow_at_min_scale} optimizer steps in a row at the smallest "
+            f"loss scale ({readback.min_scale:g}; trainer.max_overflow_at_min_scale="
+            f"{trainer.max_overflow_at_min_scale}) {where}. Lowering the scale further cannot help: the training has "
+            "diverged (on a card that saturates, such as a first-generation Ascend 910, this is how a non-finite "
+            "loss shows)" if readback.overflowed else
+            f"the train loss was not finite for {trainer.max_nonfinite} micro-batches in a row (trainer.max_nonfinite="
+            f"{trainer.max_nonfinite}) {where}. The forward pass itself is not finite, which loss scaling cannot fix")
     return NonFiniteLoss(
-        f"the train loss was not finite for {exp.trainer.max_nonfinite} micro-batches in a row (trainer.max_nonfinite="
-        f"{exp.trainer.max_nonfinite}) by epoch {progress.epoch + 1}, batch {batch}, optimizer step {step}"
-        f"{read_later} (amp {exp.amp.level}). The forward pass itself is not finite, which loss scaling cannot fix; "
-        f"non-finite steps update nothing, and the state is checkpointed in {run_dir / 'checkpoints'}. Try "
+        f"{what}; skipped steps update nothing, and the state is checkpointed in {run_dir / 'checkpoints'}. Try "
         "amp=o1_manual or o0, a lower optimizer.lr, or trainer.clip_grad")
 
 

@@ -22,9 +22,10 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.amp import DynamicLossScaler
 
-from swinexp.amp import AmpPolicy
+from swinexp.amp import AmpPolicy, overflow
 from swinexp.amp.overflow import FiniteCheck
 from swinexp.config import ACCUMULATE_ON
+from swinexp.engine.experiment import Experiment
 from swinexp.models.randomness import RandomSites, draw, philox_key
 from swinexp.registry import ConfigError
 from swinexp.runtime.zero_pages import zeros_like_params
@@ -451,3 +452,17 @@ def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, cli
     """Build the train step; see TrainStep for the arguments."""
     return TrainStep(model, optimizer, amp, clip_grad, jit, accumulation_steps, accumulate_on, ema_decay,
                      distributed, seed, overflow_check, rank)
+
+
+def train_step_for(exp: Experiment, jit: bool, distributed: bool = False, rank: int = 0) -> TrainStep:
+    """The train step of `exp` exactly as `fit` runs it — the overflow check resolved for the card, EMA,
+    accumulation and its placement, clipping — for the loop, the self-check and the benchmarks alike.
+
+    Args:
+        jit: compile the step (hardware.mode=graph).
+        distributed: under msrun (data parallel); `rank` is this worker's.
+    """
+    trainer = exp.trainer
+    return make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
+                           trainer.accumulate_on, trainer.ema.decay, distributed,
+                           overflow_check=overflow.make(exp.overflow_check), rank=rank)

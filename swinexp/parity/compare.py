@@ -134,9 +134,7 @@ def parity_plan(overrides: Sequence[str]) -> Plan:
 def configured_plan(overrides: Sequence[str]) -> Plan:
     """`parity_plan`, with this process's device configured as run.py configures it (the same precision mode and
     kernels as the run it checks); once per process."""
-    plan = parity_plan(overrides)
-    configure_device(plan)
-    return plan
+    return configure_device(parity_plan(overrides))
 
 
 def recipe_of(plan: Plan, exp: Experiment, lr_lag: bool = False) -> reference.Recipe:

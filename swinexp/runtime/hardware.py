@@ -1,8 +1,10 @@
 """The one place that writes MindSpore's global state: execution context, determinism and seeds."""
 from __future__ import annotations
 
+import logging
 import os
 import random
+from dataclasses import replace
 
 import mindspore as ms
 import mindspore.dataset as msds
@@ -10,17 +12,19 @@ import numpy as np
 from mindspore._c_expression import MSContext
 from mindspore.communication import get_group_size, init
 
-from swinexp.amp import KEEP_ORIGIN, overflow
+from swinexp.amp import AmpPolicy, overflow
+from swinexp.amp import precision as amp_precision
+from swinexp.amp.precision import Precision
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
-from swinexp.runtime import allocator
+from swinexp.runtime import allocator, chips, simulated_ascend
 from swinexp.runtime.modelarts import PLATFORMS
+
+log = logging.getLogger("swinexp")
 
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 MEMORY_LEVELS = ("O0", "O1")
-# MindSpore's names (MSContext.get_ascend_soc_version) for the card families swinexp knows what to do on
-ASCEND_CHIPS = ("ascend910", "ascend910b", "ascend910_93")
 
 
 def validate(hw: HardwareCfg) -> None:
@@ -35,14 +39,8 @@ def validate(hw: HardwareCfg) -> None:
         raise ConfigError(f"hardware.num_devices={hw.num_devices} and hardware.num_nodes={hw.num_nodes} must be >= 1")
     if hw.cpu_threads is not None and hw.cpu_threads < 1:
         raise ConfigError(f"hardware.cpu_threads={hw.cpu_threads} must be >= 1, or null for one per core")
-    if hw.chip is not None and hw.device_target != "Ascend":
-        raise ConfigError(f"hardware.chip={hw.chip} names an Ascend card, but hardware.device_target="
-                          f"{hw.device_target}; set hardware.chip=null")
-    if hw.chip is not None and hw.chip not in ASCEND_CHIPS:
-        raise ConfigError(f"hardware.chip='{hw.chip}' is not a known Ascend card; choose one of: "
-                          f"{', '.join(ASCEND_CHIPS)} (ascend910 = the first-generation 910 of the Atlas training "
-                          "series), or null to read it from the card")
-    overflow.resolve(hw.overflow_check, hw.device_target, hw.chip)  # raises on a name or device it cannot be
+    chips.check_name(hw.chip, hw.device_target)
+    overflow.check_setting(hw.overflow_check, hw.device_target)
     if hw.platform not in (None, *PLATFORMS):
         raise ConfigError(f"hardware.platform='{hw.platform}' is not known; choose one of: {', '.join(PLATFORMS)} "
                           "(or null)")
@@ -64,6 +62,9 @@ def check_backend(hw: HardwareCfg) -> None:
     build.
     """
     allocator.check(hw.device_target)
+    if hw.device_target == "Ascend" and simulated_ascend.active() is not None:
+        simulated_ascend.check_mode(hw.mode)
+        return
     # the quiet form of ms.device_context.<target>.is_available(), which logs warnings of its own
     context = MSContext.get_instance()
     if context.is_pkg_support_device(hw.device_target):
@@ -78,21 +79,29 @@ def check_backend(hw: HardwareCfg) -> None:
     )
 
 
-def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, precision_mode: str = KEEP_ORIGIN) -> None:
+def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, policy: AmpPolicy | None = None) -> HardwareCfg:
     """Set the MindSpore context and seed every random source; call once per process, before building.
+
+    On Ascend the card is read first (`hardware.chip=null` becomes it; another configured chip is refused), then the
+    amp policy's precision resolved for it (amp/precision.py) is set and read back.
 
     Args:
         deterministic: trainer.deterministic: also ask the backend for deterministic kernels.
-        precision_mode: the amp policy's Ascend operator precision mode (`AmpPolicy.ascend_precision_mode`);
-            set on Ascend only, and checked to have taken effect.
+        policy: the run's amp policy (default o0), whose operator precision mode and HF32/TF32 switches are set.
+
+    Returns:
+        `hw` with `chip` the card's (Ascend).
     """
     validate(hw)
     check_backend(hw)
-    ms.set_device(hw.device_target)
+    simulated = simulated_ascend.active() if hw.device_target == "Ascend" else None
+    ms.set_device("CPU" if simulated else hw.device_target)
     ms.set_context(mode=MODES[hw.mode])
-    if hw.device_target == "Ascend":
-        check_chip(hw.chip, detected_chip())
-        set_ascend_precision_mode(precision_mode)
+    hw = with_card(hw, required=True)
+    precision = amp_precision.resolve(policy or AmpPolicy("O0"), chips.of(hw.device_target, hw.chip))
+    if simulated:
+        simulated_ascend.install(simulated)
+    set_precision(precision, hw.device_target)
     if hw.device_target == "CPU":
         set_cpu_threads(hw.cpu_threads)
     if hw.memory_optimize_level is not None:
@@ -105,36 +114,116 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, precision_mod
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
                                      device_num=get_group_size())
     set_seed(seed)  # the same seed on every rank: identical initial weights, rank-specific data via the shard
+    return hw
+
+
+def card_present(device_target: str) -> bool:
+    """An Ascend card can be read in this process: MindSpore's Ascend backend is installed, or one is simulated."""
+    if device_target != "Ascend":
+        return False
+    return simulated_ascend.active() is not None or MSContext.get_instance().is_pkg_support_device("Ascend")
 
 
 def detected_chip() -> str:
-    """The Ascend card MindSpore runs on, in its own naming (e.g. ascend910, ascend910b)."""
+    """The Ascend card MindSpore runs on, in its own naming (ascend910, ascend910b, ascend910_93); "" when MindSpore
+    has not read it (no card, or its device not initialised yet)."""
+    simulated = simulated_ascend.active()
+    if simulated is not None:
+        return simulated.name
     return MSContext.get_instance().get_ascend_soc_version().lower()
 
 
-def check_chip(configured: str | None, detected: str) -> None:
-    """Refuse to run when hardware.chip names another card than the one present: overflow detection and the bf16
-    check depend on it."""
-    if configured is not None and configured != detected:
-        raise ConfigError(f"hardware.chip={configured} but this machine's card is {detected}; run with "
-                          f"hardware.chip={detected} (or null to follow the card), so that overflow detection "
-                          "matches the card's saturation mode")
-
-
-def set_ascend_precision_mode(mode: str, op_precision: object | None = None) -> None:
-    """Pin Ascend's operator precision mode and check it took effect (it can be set once per process).
+def with_card(hw: HardwareCfg, required: bool = False) -> HardwareCfg:
+    """`hw` with `chip` read from the card where one is present (null becomes the card's; another is refused).
 
     Args:
-        mode: e.g. must_keep_origin_dtype.
-        op_precision: the module with `precision_mode(mode)` (default mindspore.device_context.ascend.op_precision).
+        required: the card must be readable now (after `ms.set_device`): a chip MindSpore does not report is an error
+            naming the setting that replaces the query.
     """
-    if op_precision is None:
-        op_precision = ms.device_context.ascend.op_precision
+    if not card_present(hw.device_target):
+        return hw
+    detected = detected_chip()
+    if not detected:
+        if required and hw.chip is None:
+            raise ConfigError("MindSpore did not report this card's SoC (MSContext.get_ascend_soc_version() is empty), "
+                              f"so its precision and overflow behaviour are unknown; set hardware.chip to one of: "
+                              f"{', '.join(chips.ASCEND_CHIPS)}")
+        return hw
+    if detected not in chips.ASCEND_CHIPS:
+        raise ConfigError(f"this machine's card is {detected}, which swinexp has no capability entry for "
+                          f"(runtime/chips.py knows {', '.join(chips.ASCEND_CHIPS)}); it cannot tell how this card "
+                          "computes fp32 or sees fp16 overflow")
+    check_chip(hw.chip, detected)
+    return replace(hw, chip=detected)
+
+
+def check_chip(configured: str | None, detected: str) -> None:
+    """Refuse to run when hardware.chip names another card than the one present: overflow detection, precision
+    mode and the bf16 check depend on it."""
+    if configured is not None and configured != detected:
+        raise ConfigError(f"hardware.chip={configured} but this machine's card is {detected}; run with "
+                          f"hardware.chip={detected} (or null to follow the card), so that overflow detection and "
+                          "the precision mode match the card")
+
+
+def op_precision() -> object:
+    """The Ascend operator precision settings of this process: MindSpore's module, or the simulated card's."""
+    if simulated_ascend.active() is not None:
+        return simulated_ascend.OP_PRECISION
+    return ms.device_context.ascend.op_precision
+
+
+def set_precision(precision: Precision, device_target: str, op: object | None = None) -> None:
+    """Set the resolved precision (Ascend operator precision mode and HF32 switches; GPU TF32 switches) and, on
+    Ascend, read it back: a setting that did not take effect stops the run here.
+
+    Args:
+        op: the module with `precision_mode`, `matmul_allow_hf32`, `conv_allow_hf32` (default `op_precision()`).
+    """
+    if device_target == "GPU":
+        gpu = ms.device_context.gpu.op_precision
+        for switch, value in (("matmul_allow_tf32", precision.matmul_hf32), ("conv_allow_tf32", precision.conv_hf32)):
+            if value is not None:
+                _set_once(getattr(gpu, switch), value, f"GPU {switch}")
+        return
+    if device_target != "Ascend":
+        return
+    op = op if op is not None else op_precision()
+    intended = {"precision_mode": precision.precision_mode, "matmul_allow_hf32": precision.matmul_hf32,
+                "conv_allow_hf32": precision.conv_hf32}
+    for switch, value in intended.items():
+        if value is not None:
+            _set_once(getattr(op, switch), value, f"Ascend's {switch}")
+    got = read_precision(op)
+    wrong = {k: (v, got.get(k)) for k, v in intended.items() if v is not None and k in got and got[k] != v}
+    if wrong:
+        raise ConfigError("Ascend's operator precision did not take the values set: " + ", ".join(
+            f"{k} is {have!r}, not {want!r}" for k, (want, have) in wrong.items()) + "; start a fresh process (these "
+            "settings are taken once per process) and run `python -m swinexp.app.selfcheck` with the same overrides")
+    log.info("Ascend operator precision: %s (amp %s)", ", ".join(f"{k}={v}" for k, v in got.items()),
+             precision.effective)
+
+
+def read_precision(op: object) -> dict[str, object]:
+    """The operator precision settings the card computes with, as MindSpore (or the simulated card) reports them."""
+    if isinstance(op, simulated_ascend.OpPrecision):
+        simulated = simulated_ascend.active()
+        return op.read(simulated) if simulated is not None else dict(op.settings)
     try:
-        op_precision.precision_mode(mode)
+        from mindspore._c_expression import AscendOpPrecisionConf  # the Ascend build's own record of the settings
+    except ImportError:
+        return {}
+    conf = AscendOpPrecisionConf.get_instance()
+    return {"precision_mode": conf.precision_mode(), "matmul_allow_hf32": conf.matmul_allow_hf32() == "1",
+            "conv_allow_hf32": conf.conv_allow_hf32() == "1"}
+
+
+def _set_once(setter, value: object, what: str) -> None:  # noqa: ANN001
+    try:
+        setter(value)
     except RuntimeError as err:  # set already in this process with another value
-        raise ConfigError(f"Ascend's precision_mode is already set in this process and cannot become {mode} "
-                          f"({err}); start a fresh process") from err
+        raise ConfigError(f"{what} is already set in this process and cannot become {value} ({err}); start a fresh "
+                          "process") from err
 
 
 def set_deterministic(on: bool) -> None:
@@ -159,15 +248,22 @@ def set_cpu_threads(threads: int | None) -> None:
         pass
 
 
-def context_summary(hw: HardwareCfg, precision_mode: str = KEEP_ORIGIN) -> dict[str, object]:
+def context_summary(hw: HardwareCfg, policy: AmpPolicy | None = None) -> dict[str, object]:
     """The MindSpore settings `apply` makes, for dry runs and logs."""
+    chip = chips.of(hw.device_target, hw.chip)
+    precision = amp_precision.resolve(policy or AmpPolicy("O0"), chip)
     summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
                                   "jit_level": hw.jit_level or "backend default",
                                   "memory_optimize_level": hw.memory_optimize_level or "backend default",
                                   "overflow_check": overflow.describe(hw.overflow_check, hw.device_target, hw.chip)}
     if hw.device_target == "Ascend":
-        summary["chip"] = hw.chip or "read from the card at start"
-        summary["ascend_precision_mode"] = f"{precision_mode} (the amp policy's)"
+        summary["chip"] = chip.row() if chip else "read from the card at start"
+        summary["ascend_precision_mode"] = (
+            f"{precision.precision_mode}, HF32 off for MatMul and Conv" if precision.matmul_hf32 is False
+            else str(precision.precision_mode)) if chip else "per chip: " + "; ".join(
+            f"{name} {amp_precision.resolve(policy or AmpPolicy('O0'), chips.CHIPS[name]).precision_mode}"
+            for name in chips.ASCEND_CHIPS)
+    summary["amp_effective"] = precision.effective
     if hw.device_target == "CPU":
         summary["cpu_threads"] = hw.cpu_threads or f"{len(os.sched_getaffinity(0))} (one per core of this process)"
     summary["malloc"] = allocator.current()
