@@ -57,7 +57,9 @@ def test_a_rank_table_gives_this_nodes_rank_and_the_master_and_goes_to_msrun(tmp
 
 
 @pytest.mark.parametrize("servers,devices,changes,hw_changes,message", [
-    (["127.0.0.1"], 8, {"status": "initializing"}, {}, "has status 'initializing', not 'completed'"),
+    (["127.0.0.1"], 8, {"status": "initializing"}, {"rank_table_wait_s": 0},
+     "t.json still has status 'initializing', not 'completed', after waiting 0 s: the cluster has not finished "
+     "writing it; raise hardware.rank_table_wait_s"),
     (["127.0.0.1"], 8, {"server_count": "2"}, {}, "says server_count=2 but its server_list has 1 server(s)"),
     (["127.0.0.1"], 8, {"server_list": []}, {}, "has no server_list"),
     (["127.0.0.1", OTHER_HOST], 8, {}, {}, "lists 2 server(s) but hardware.num_nodes=1; set hardware.num_nodes=2"),
@@ -86,6 +88,118 @@ def test_rank_table_file_missing_unreadable_or_out_of_rank_order(tmp_path: Path)
     swapped["server_list"][0]["device"].reverse()
     (tmp_path / "t.json").write_text(json.dumps(swapped))
     fails(str(tmp_path / "t.json"), r"server 0 device 0 has rank_id=1, but msrun numbers workers node x 2 \+ local")
+
+
+def _template2(directory: Path, status: str, pods: list[str], devices: int) -> Path:
+    """A ModelArts template-2 table as CCE writes it into /user/config (rank_table.py's docstring has the source)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    table = {"status": status, "group_count": "1", "group_list": [{
+        "group_name": "job", "device_count": str(len(pods) * devices), "instance_count": str(len(pods)),
+        "instance_list": [{"pod_name": pod, "server_id": f"10.19.1.{n}",
+                           "devices": [{"device_id": str(d), "device_ip": f"192.{d}.{n}.1"} for d in range(devices)]}
+                          for n, pod in enumerate(pods)]}]}
+    partial = directory / "partial"
+    partial.write_text(json.dumps(table))
+    partial.replace(directory / "jobstart_hccl.json")  # as a platform replaces it: never half a file
+    return directory / "jobstart_hccl.json"
+
+
+def test_a_modelarts_directory_is_waited_for_until_complete_and_its_group_list_goes_to_msrun_as_server_list(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "user" / "config"  # what RANK_TABLE_FILE names on ModelArts: the directory
+    pods = ["job-worker-1", "job-worker-0"]  # the file lists pods in any order; the pod number ranks them
+    _template2(config, "initializing", pods, devices=8)
+    completer = threading.Timer(1.5, lambda: _template2(config, "completed", pods, devices=8))
+    completer.start()
+    monkeypatch.setattr(rank_table.socket, "gethostname", lambda: "job-worker-1")  # a pod's host name is its name
+    hw = HardwareCfg(device_target="Ascend", num_devices=8, num_nodes=2, rank_table_file=str(config),
+                     rank_table_wait_s=60, master_addr="job-worker-0.svc")
+    started = time.monotonic()
+    try:
+        resolved, line = rank_table.resolve(hw, tmp_path / "run" / rank_table.CONVERTED_FILE)
+    finally:
+        completer.cancel()
+    assert time.monotonic() - started >= 1.4  # it waited for 'completed' instead of failing on 'initializing'
+    converted = tmp_path / "run" / "rank_table.json"
+    assert resolved.rank_table_file == str(converted) and (resolved.node_rank, resolved.master_addr) == (
+        1, "job-worker-0.svc")  # pod 1 is node 1; server_ids are the nodes' hosts, so the master is kept
+    assert f"({config / 'jobstart_hccl.json'}) (ModelArts group_list, converted to server_list in {converted})" in line
+    table = json.loads(converted.read_text())
+    assert [s["server_id"] for s in table["server_list"]] == ["10.19.1.1", "10.19.1.0"]  # pod 0 first
+    assert [[d["rank_id"] for d in s["device"]] for s in table["server_list"]] == [
+        [str(r) for r in range(8)], [str(r) for r in range(8, 16)]]
+    assert table["server_list"][0]["device"][3] == {"device_id": "3", "device_ip": "192.3.1.1", "rank_id": "3"}
+    def cards(path: Path) -> list[tuple[str, tuple[rank_table.Device, ...]]]:
+        return [(s.server_id, s.devices) for s in rank_table.load(str(path))]
+
+    assert cards(converted) == cards(config)  # the same servers and cards, now as server_list
+
+
+def test_a_table_that_stays_pending_fails_after_the_wait_naming_file_status_and_setting(tmp_path: Path) -> None:
+    file = _template2(tmp_path / "config", "initializing", ["job-0"], devices=8)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        rank_table.resolve(HardwareCfg(device_target="Ascend", num_devices=8, rank_table_file=str(file.parent),
+                                       rank_table_wait_s=1.0))
+    assert 1.0 <= time.monotonic() - started < 10
+    assert str(err.value) == (f"hardware.rank_table_file='{file.parent}': {file} still has status 'initializing', "
+                              "not 'completed', after waiting 1 s: the cluster has not finished writing it; raise "
+                              "hardware.rank_table_wait_s, or start the job once the table is complete")
+    with pytest.raises(ConfigError, match=r"is a directory without jobstart_hccl.json or hccl.json after waiting 0 s"):
+        rank_table.resolve(HardwareCfg(num_devices=8, rank_table_file=str(tmp_path), rank_table_wait_s=0))
+
+
+def test_a_mindcluster_table_places_this_pod_by_its_container_ip(tmp_path: Path) -> None:
+    _table(tmp_path / "hccl.json", [OTHER_HOST], devices=8)
+    table = json.loads((tmp_path / "hccl.json").read_text())  # MindCluster's hccl.json (rank_table.py's docstring)
+    table["server_list"][0].update(host_ip=OTHER_HOST, container_ip="127.0.0.1", hardware_type="800I-A2-32G")
+    (tmp_path / "hccl.json").write_text(json.dumps(table))
+    hw, line = rank_table.resolve(HardwareCfg(device_target="Ascend", num_devices=8, rank_table_file=str(tmp_path)))
+    assert hw.rank_table_file == str(tmp_path / "hccl.json") and hw.master_addr == "127.0.0.1"
+    assert "this host is server 0 ('10.255.255.1'), master_addr=127.0.0.1 (server 0)" in line
+
+
+def test_the_cards_the_table_gives_this_node_must_be_visible_to_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _table(tmp_path / "t.json", ["127.0.0.1"], devices=8)
+    hw = HardwareCfg(device_target="Ascend", num_devices=8, rank_table_file=path)
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "7,6,5,4,3,2,1,0")
+    rank_table.resolve(hw)  # physical ids, any order
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(ConfigError) as err:
+        rank_table.resolve(hw)
+    assert str(err.value) == (f"hardware.rank_table_file='{path}': server '127.0.0.1' (this node) lists device_id(s) "
+                              "[4, 5, 6, 7], but ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 hides them from this process; unset "
+                              "ASCEND_RT_VISIBLE_DEVICES or list cards [0, 1, 2, 3, 4, 5, 6, 7] in it, or use the "
+                              "rank table of this job")
+
+
+PROBE = """import json, os, sys
+from pathlib import Path
+out = Path(sys.argv[-1].split("=", 1)[1])  # msrun passes the run's overrides, hydra.run.dir last
+name = os.environ["MS_ROLE"] + "-" + os.environ.get("RANK_ID", "")
+(out / (name + ".json")).write_text(json.dumps({k: os.environ.get(k) for k in sys.argv[1].split(",")}))
+"""
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_msrun_workers_see_a_rank_table_only_when_hardware_names_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, given: bool) -> None:
+    monkeypatch.setenv("RANK_TABLE_FILE", "/user/config")  # stale: left by the platform or an earlier shell
+    monkeypatch.setenv("MINDSPORE_HCCL_CONFIG_PATH", "/etc/old_hccl.json")
+    (tmp_path / "probe.py").write_text(PROBE)
+    table = _table(tmp_path / "t.json", ["127.0.0.1"], devices=2) if given else None
+    hw = HardwareCfg(num_devices=2, master_port=free_port(), rank_table_file=table)
+    run_dir = tmp_path / "run"
+    hw = launch.prepare(hw, run_dir)
+    assert launch.launch(hw, tmp_path / "probe.py", [",".join(launch.RANK_TABLE_ENVS)], run_dir) == 0
+    seen = {p.stem: json.loads(p.read_text()) for p in run_dir.glob("MS_WORKER-*.json")}
+    assert sorted(seen) == ["MS_WORKER-0", "MS_WORKER-1"]  # real msrun workers, each reporting its environment
+    want = dict.fromkeys(launch.RANK_TABLE_ENVS, table)
+    assert all(env == want for env in seen.values()), seen
+    out = capsys.readouterr().out
+    assert ("rank table: ignoring RANK_TABLE_FILE=/user/config, MINDSPORE_HCCL_CONFIG_PATH=/etc/old_hccl.json from "
+            "the environment (hardware.rank_table_file is null; set it to use that table)" in out) is not given
 
 
 def test_the_ranktable_preset_reads_rank_table_file_and_the_dry_run_shows_it(

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +34,8 @@ EXEC_DYING_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9)
                           "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
 WORKER_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
 NODE_RANK_ENV = "SWINEXP_NODE_RANK"  # the launching node's rank, for the processes msrun starts
+# MindSpore's init() builds HCCL from either (communication/management.py): set only from hardware.rank_table_file.
+RANK_TABLE_ENVS = ("RANK_TABLE_FILE", "MINDSPORE_HCCL_CONFIG_PATH")
 
 
 def world_size(hw: HardwareCfg) -> int:
@@ -95,11 +98,27 @@ def msrun_command(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: 
             f"--log_dir={log_dir(hw, run_dir)}", "--join=True", *table, str(script), *own, f"hydra.run.dir={run_dir}"]
 
 
+def msrun_env(hw: HardwareCfg, environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """The environment of msrun and its workers, and the line to log when a rank table variable was dropped from it.
+
+    A RANK_TABLE_FILE left in the shell (or set by the platform) would make every worker build HCCL from that table,
+    whatever this run's hardware says; the workers see one only when hardware.rank_table_file names it.
+    """
+    env = {k: v for k, v in environ.items() if k not in RANK_TABLE_ENVS}
+    env.update({"GLOG_v": environ.get("GLOG_v", "3"), LAUNCHER_ENV: str(os.getpid()), NODE_RANK_ENV: str(hw.node_rank)})
+    if hw.rank_table_file is not None:
+        env.update(dict.fromkeys(RANK_TABLE_ENVS, str(hw.rank_table_file)))
+        return env, None
+    dropped = [f"{k}={environ[k]}" for k in RANK_TABLE_ENVS if k in environ]
+    return env, (f"rank table: ignoring {', '.join(dropped)} from the environment (hardware.rank_table_file is null; "
+                 "set it to use that table)" if dropped else None)
+
+
 def prepare(hw: HardwareCfg, run_dir: Path) -> HardwareCfg:
     """The checks of a launch that need this node's files, before msrun starts: the rank table (which then gives
     node rank and master address) and, on several nodes, that all of them share `run_dir`."""
     if hw.rank_table_file is not None:
-        hw, line = rank_table.resolve(hw)
+        hw, line = rank_table.resolve(hw, run_dir / rank_table.CONVERTED_FILE)
         print(line, flush=True)
     node_sync.check_shared(run_dir, hw.node_rank, hw.num_nodes, hw.node_sync_timeout_s)
     return hw
@@ -144,8 +163,9 @@ def launch(hw: HardwareCfg, script: Path, overrides: list[str], run_dir: Path) -
     logs.mkdir(parents=True, exist_ok=True)
     print(f"launching {world_size(hw)} workers: {' '.join(command)}", flush=True)
     # msrun echoes every worker's log when it ends; keep it in a file and show only what matters here.
-    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3"), LAUNCHER_ENV: str(os.getpid()),
-           NODE_RANK_ENV: str(hw.node_rank)}
+    env, ignored = msrun_env(hw, os.environ)
+    if ignored:
+        print(ignored, flush=True)
     with open(logs / "msrun.out", "w") as out:
         watchdog = subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")), str(os.getpid())])
         armed = [sys.executable, "-c", EXEC_DYING_WITH_PARENT, str(os.getpid()), *command]
@@ -214,7 +234,7 @@ def launch_plan(hw: HardwareCfg, overrides: list[str], run_dir: Path) -> list[st
     if placed:
         lines.append(placed)
     if hw.rank_table_file is not None:
-        hw, line = rank_table.resolve(hw)
+        hw, line = rank_table.resolve(hw, run_dir / rank_table.CONVERTED_FILE, write=False)
         lines.append(line)
         placed = placed or line
     if hw.num_nodes > 1:
