@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from swinexp.app.dry_run import dry_run_report
 from swinexp.build import resolve
 from swinexp.registry import ConfigError
-from swinexp.runtime.devices import DevicePool, Slot, devices_per_job
+from swinexp.runtime.devices import HCCS_GROUPS_910, DevicePool, Slot, devices_per_job, hccs_groups
 from swinexp.runtime.slurm import expand_nodelist
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
@@ -75,6 +75,31 @@ def test_device_pool_hands_out_disjoint_sets_and_takes_them_back() -> None:
     assert Slot("CPU", (2, 3)).env() == {"OMP_NUM_THREADS": "2"}
     pool.give(second)
     assert pool.take(2) == second
+
+
+def test_on_a_910_two_and_four_card_jobs_stay_inside_one_hccs_group() -> None:
+    groups = hccs_groups("Ascend", "ascend910")
+    assert groups == HCCS_GROUPS_910 == hccs_groups("Ascend", None)  # a chip not given may be a 910
+    assert hccs_groups("Ascend", "ascend910b") is None and hccs_groups("GPU", None) is None
+    pool = DevicePool("Ascend", range(8))
+    one = pool.take(1, groups)
+    pair = pool.take(2, groups)  # 1-2 (group {0-3} is the fullest that holds two), not 1-3 nor 3-4
+    four = pool.take(4, groups)  # the whole free group {4-7}
+    assert (one.devices, pair.devices, four.devices) == ((0,), (1, 2), (4, 5, 6, 7))
+    assert pool.take(2, groups) is None and pool.free == [3]  # card 3 alone is free: no pair across the groups
+    pool.give(four)
+    assert pool.take(4, groups).devices == (4, 5, 6, 7)
+    crossing = DevicePool("Ascend", [2, 3, 4, 5])
+    assert crossing.take(4, groups) is None and crossing.take(4).devices == (2, 3, 4, 5)  # a 910B: any four
+
+    assert devices_per_job("Ascend", 4, None, range(8), max_parallel=2, groups=groups) == 4
+    with pytest.raises(ConfigError, match=r"takes 3 cards, but its cards talk over HCCS in groups \{0-3\}, \{4-7\}: "
+                                          r"a job uses 1, 2, 4, 8 cards"):
+        devices_per_job("Ascend", 3, None, range(8), max_parallel=2, groups=groups)
+    with pytest.raises(ConfigError, match=r"a job of 4 Ascend 910 cards must stay inside one HCCS group \{0-3\}, "
+                                          r"\{4-7\}, but the cards to share out, \[2, 3, 4, 5\], hold no 4 in one"):
+        devices_per_job("Ascend", 4, None, [2, 3, 4, 5], max_parallel=1, groups=groups)
+    assert devices_per_job("Ascend", 4, None, [2, 3, 4, 5], max_parallel=1) == 4  # a 910B takes them
 
 
 def test_multinode_dry_run_in_slurm_prints_each_nodes_msrun_command(

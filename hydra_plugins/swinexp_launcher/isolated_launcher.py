@@ -35,7 +35,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from swinexp.app.sweep_callback import JOB_NUM_ENV, RESULT_FILE
-from swinexp.runtime.devices import DevicePool, Slot, devices_per_job, host_devices
+from swinexp.runtime.devices import DevicePool, Slot, devices_per_job, hccs_groups, host_devices
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class Job:
     device_target: str
     num_devices: int = 0        # 0: not confined (max_parallel=1 and no devices_per_job: as one job at a time ever was)
     slot: Optional[Slot] = None
+    groups: Optional[tuple[frozenset[int], ...]] = None  # cards a job must stay inside one of (a 910's HCCS)
     proc: Optional[subprocess.Popen] = None
     output: Optional[IO[str]] = None
     started: float = 0.0
@@ -146,8 +147,9 @@ class IsolatedLauncher(Launcher):
                       str(hw.get("device_target", "CPU")))
             if self.confine:
                 host = host_devices(job.device_target, self.devices)
+                job.groups = hccs_groups(job.device_target, hw.get("chip"))
                 job.num_devices = devices_per_job(job.device_target, int(hw.get("num_devices", 1)),
-                                                  self.devices_per_job, host, self.max_parallel)
+                                                  self.devices_per_job, host, self.max_parallel, job.groups)
             return job
         except Exception as err:  # noqa: BLE001 - any composition or device error fails this job only
             cfg = OmegaConf.create({"hydra": OmegaConf.to_container(self.config.hydra, resolve=False)})
@@ -166,7 +168,7 @@ class IsolatedLauncher(Launcher):
         assert self.hydra_context is not None
         env = {**os.environ, JOB_NUM_ENV: str(job.idx)}
         if job.num_devices:
-            job.slot = self._pool(job.device_target).take(job.num_devices)
+            job.slot = self._pool(job.device_target).take(job.num_devices, job.groups)
             if job.slot is None:
                 return False
             env.update(job.slot.env())

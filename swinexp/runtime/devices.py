@@ -20,6 +20,19 @@ from swinexp.registry import ConfigError
 
 VISIBLE_DEVICES_ENV = {"Ascend": "ASCEND_RT_VISIBLE_DEVICES", "GPU": "CUDA_VISIBLE_DEVICES"}
 UNIT = {"Ascend": "Ascend card", "GPU": "GPU", "CPU": "CPU core"}
+# The first-generation Ascend 910 (Atlas training series, 8 cards per server): cards 0-3 and 4-7 form two HCCS
+# networks; a job uses 1, 2, 4 or 8 cards, and 2 or 4 of them must lie in one network. Sources: CANN's TensorFlow
+# migration guide, "Precautions" before distributed training (tfmigr1_000028, TensorFlowCommercial 8.0.0); MindSpore
+# model zoo `utils/hccl_tools/README.md` ("the first four chips are a group, and the last four chips are a group").
+# Physical card numbers, as ASCEND_RT_VISIBLE_DEVICES takes them. Belongs in runtime/chips.py's table once it exists.
+HCCS_GROUPS_910: tuple[frozenset[int], ...] = (frozenset(range(4)), frozenset(range(4, 8)))
+HCCS_CARD_COUNTS_910 = (1, 2, 4, 8)
+GROUPED_CHIPS = (None, "ascend910")  # a chip not given on Ascend may be a 910: kept in groups to be safe
+
+
+def hccs_groups(device_target: str, chip: str | None) -> tuple[frozenset[int], ...] | None:
+    """The card groups a job must stay inside, or None where any set of cards works (GPU, CPU, 910B and later)."""
+    return HCCS_GROUPS_910 if device_target == "Ascend" and chip in GROUPED_CHIPS else None
 
 
 def cpu_identity() -> str:
@@ -56,12 +69,14 @@ def host_devices(device_target: str, declared: Sequence[int] | None = None) -> l
 
 
 def devices_per_job(device_target: str, num_devices: int, requested: int | None, host: Sequence[int],
-                    max_parallel: int) -> int:
-    """How many devices one job takes; ConfigError when it needs more than it may have or the host has.
+                    max_parallel: int, groups: Sequence[frozenset[int]] | None = None) -> int:
+    """How many devices one job takes; ConfigError when it needs more than it may have or the host has, or a count
+    the card groups cannot hold.
 
     Args:
         num_devices: the job's hardware.num_devices (msrun workers on this node; each Ascend/GPU worker needs a card).
         requested: hydra.launcher.devices_per_job; None: hardware.num_devices cards, or an equal share of the cores.
+        groups: `hccs_groups(...)` of the job's chip; None: any cards.
     """
     unit = UNIT[device_target]
     if device_target == "CPU":
@@ -80,7 +95,28 @@ def devices_per_job(device_target: str, num_devices: int, requested: int | None,
             f"the job needs {wanted} {unit}(s) (hydra.launcher.devices_per_job={requested}, hardware.num_devices="
             f"{num_devices}) but this host has {len(host)}: {list(host)}; lower hydra.launcher.devices_per_job or "
             f"hardware.num_devices, or declare the host's devices with hydra.launcher.devices=[...]")
+    if groups is not None:
+        _check_grouped(wanted, host, groups)
     return wanted
+
+
+def _check_grouped(wanted: int, host: Sequence[int], groups: Sequence[frozenset[int]]) -> None:
+    """A first-generation 910 job's card count is one HCCS allows, and the host's cards can hold it in one group."""
+    if wanted not in HCCS_CARD_COUNTS_910:
+        raise ConfigError(f"a job on Ascend 910 cards (hardware.chip=ascend910, or not given) takes {wanted} cards, "
+                          f"but its cards talk over HCCS in groups {_named(groups)}: a job uses "
+                          f"{', '.join(map(str, HCCS_CARD_COUNTS_910))} cards; set hydra.launcher.devices_per_job or "
+                          "hardware.num_devices to one of them (or hardware.chip=ascend910b on a 910B)")
+    if wanted == 8 or wanted == 1:
+        return  # one card fits anywhere; eight are both groups whole, which the host count check already covers
+    if not any(len(group.intersection(host)) >= wanted for group in groups):
+        raise ConfigError(f"a job of {wanted} Ascend 910 cards must stay inside one HCCS group {_named(groups)}, but "
+                          f"the cards to share out, {sorted(host)}, hold no {wanted} in one group; declare "
+                          "hydra.launcher.devices=[...] with whole groups (e.g. [0,1,2,3])")
+
+
+def _named(groups: Sequence[frozenset[int]]) -> str:
+    return ", ".join(f"{{{min(g)}-{max(g)}}}" for g in groups)
 
 
 @dataclass(frozen=True)
@@ -104,15 +140,27 @@ class Slot:
 
 
 class DevicePool:
-    """Free device ids; a job takes the lowest free ids it needs and gives them back when it ends."""
+    """Free device ids; a job takes the lowest free ids it needs and gives them back when it ends.
+
+    With card groups (a first-generation 910's HCCS), a job of up to a group's cards takes them inside one group:
+    the fullest group that still holds it, so that whole groups stay free for larger jobs.
+    """
 
     def __init__(self, device_target: str, devices: Sequence[int]) -> None:
         self.device_target, self.free = device_target, sorted(devices)
 
-    def take(self, count: int) -> Slot | None:
+    def take(self, count: int, groups: Sequence[frozenset[int]] | None = None) -> Slot | None:
+        """`count` free devices (inside one of `groups` when it is smaller than a group), or None until enough are."""
         if count > len(self.free):
             return None
-        taken, self.free = self.free[:count], self.free[count:]
+        if groups is not None and 1 < count <= max(map(len, groups)):
+            fitting = [free for g in groups if len(free := [d for d in self.free if d in g]) >= count]
+            if not fitting:
+                return None
+            taken = min(fitting, key=len)[:count]
+        else:
+            taken = self.free[:count]
+        self.free = [d for d in self.free if d not in taken]
         return Slot(self.device_target, tuple(taken))
 
     def give(self, slot: Slot) -> None:
