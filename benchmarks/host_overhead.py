@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from mindspore import Tensor
+from mindspore import Parameter, Tensor
 
 from benchmarks.harness import build_experiment, compose
 from swinexp.engine import loop
-from swinexp.engine.step import StepOutput
+from swinexp.engine import step as train_step
+from swinexp.engine.step import StepOutput, TrainStep
 from swinexp.runtime import hardware
 
 DEFAULTS = ["model=swin_micro", "data=synthetic", "data.batch_size=16", "data.num_workers=2", "trainer.epochs=1",
@@ -76,24 +77,35 @@ class StubDevice:
 
 
 class StubStep:
-    """Stands in for `TrainStep` in the real loop: a device step of fixed duration, outputs read on demand."""
+    """Stands in for `TrainStep` in the real loop (the members of `engine.step_protocol.TrainStepLike`): a device
+    step of fixed duration, outputs read on demand."""
 
-    def __init__(self, device: StubDevice, real: loop.TrainStep) -> None:
-        self.device, self.real, self.optimizer_step = device, real, real.optimizer_step
+    def __init__(self, device: StubDevice, real: TrainStep) -> None:
+        self.device, self.real, self._step = device, real, real.optimizer_step
         self.jobs: dict[int, int] = {}  # id(output) -> its device job
+
+    @property
+    def optimizer_step(self) -> int:
+        return self._step
 
     def draws(self, batch: int) -> tuple[Tensor, ...]:
         return self.real.draws(batch)  # the host's per-step Philox draws, as the real step makes them
+
+    def next_compile(self) -> str | None:
+        return None  # the stub compiles no graph, so the loop's progress bar has no compile to announce
 
     def __call__(self, images: Tensor, targets: Tensor) -> StepOutput:
         self.draws(int(images.shape[0]))
         out = StepOutput(Tensor(OUTPUT), True)
         self.jobs[id(out)] = self.device.submit()
-        self.optimizer_step += 1
+        self._step += 1
         return out
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Parameter]:
         return self.real.state()
+
+    def swap_ema(self) -> None:
+        self.real.swap_ema()  # the real weights: evaluation with trainer.ema.decay set reads them
 
 
 @dataclass(frozen=True)
@@ -138,11 +150,12 @@ def measure(overrides: list[str], step_ms: float, steps: int, read_every: int, l
     stub: StubStep | None = None
     timed = {"start": 0.0, "end": 0.0}
     syncs = [0]
-    real_make, real_read_all, real_epoch_metrics = loop.make_train_step, loop.read_all, loop._epoch_metrics
+    # every factory of the loop's step (make_train_step and what calls it) builds it by the name step.TrainStep
+    real_step, real_read_all, real_epoch_metrics = train_step.TrainStep, loop.read_all, loop._epoch_metrics
 
     def make_stub(*args, **kwargs) -> StubStep:  # noqa: ANN002, ANN003
         nonlocal stub
-        stub = StubStep(device, real_make(*args, **kwargs))
+        stub = StubStep(device, real_step(*args, **kwargs))
         return stub
 
     loader_wait = [0.0]
@@ -177,12 +190,12 @@ def measure(overrides: list[str], step_ms: float, steps: int, read_every: int, l
         timed["end"] = time.perf_counter()  # the steps end here; evaluation is not part of the step path
         return real_epoch_metrics(*args, **kwargs)
 
-    loop.make_train_step, loop.read_all, loop._epoch_metrics = make_stub, read_stub, epoch_metrics
+    train_step.TrainStep, loop.read_all, loop._epoch_metrics = make_stub, read_stub, epoch_metrics
     try:
         with tempfile.TemporaryDirectory() as run_dir, counting_syncs(syncs, timed):
             loop.fit(exp, Path(run_dir), jit=True)
     finally:
-        loop.make_train_step, loop.read_all, loop._epoch_metrics = real_make, real_read_all, real_epoch_metrics
+        train_step.TrainStep, loop.read_all, loop._epoch_metrics = real_step, real_read_all, real_epoch_metrics
         device.close()
     wall = timed["end"] - timed["start"]
     host = wall - device.waited_s - loader_wait[0]
