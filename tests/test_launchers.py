@@ -89,6 +89,8 @@ def test_on_a_910_two_and_four_card_jobs_stay_inside_one_hccs_group() -> None:
     assert pool.take(2, groups) is None and pool.free == [3]  # card 3 alone is free: no pair across the groups
     pool.give(four)
     assert pool.take(4, groups).devices == (4, 5, 6, 7)
+    partial = DevicePool("Ascend", range(6))
+    assert partial.take(2, groups).devices == (4, 5) and partial.take(4, groups).devices == (0, 1, 2, 3)  # packed
     crossing = DevicePool("Ascend", [2, 3, 4, 5])
     assert crossing.take(4, groups) is None and crossing.take(4).devices == (2, 3, 4, 5)  # a 910B: any four
 
@@ -100,6 +102,18 @@ def test_on_a_910_two_and_four_card_jobs_stay_inside_one_hccs_group() -> None:
                                           r"\{4-7\}, but the cards to share out, \[2, 3, 4, 5\], hold no 4 in one"):
         devices_per_job("Ascend", 4, None, [2, 3, 4, 5], max_parallel=1, groups=groups)
     assert devices_per_job("Ascend", 4, None, [2, 3, 4, 5], max_parallel=1) == 4  # a 910B takes them
+
+
+@pytest.mark.slow
+def test_a_parallel_sweep_on_910_cards_gives_each_2_card_job_a_pair_inside_one_hccs_group(tmp_path: Path) -> None:
+    out = _run("-m", "hardware=ascend", "hardware.num_devices=2", "seed=1,2", "dry_run=true", "tracking=none",
+               "hydra.launcher.max_parallel=2", "hydra.launcher.devices=[3,4,5,6]",
+               f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads((tmp_path / "multirun" / str(n) / "launcher.json").read_text()) for n in (0, 1)]
+    # [3, 4] and [5, 6] would each cross the {0-3}/{4-7} boundary: the second job waits for [4, 5] instead
+    assert [r["devices"] for r in records] == [[4, 5], [4, 5]]
+    assert records[0]["end"] <= records[1]["start"]
 
 
 def test_multinode_dry_run_in_slurm_prints_each_nodes_msrun_command(
