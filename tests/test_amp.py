@@ -9,13 +9,14 @@ import pytest
 from mindspore import Tensor, nn
 from omegaconf import DictConfig, OmegaConf
 
-from swinexp.amp import AmpPolicy
+from swinexp.amp import AmpPolicy, precision
 from swinexp.amp.report import compute_cells, compute_dtypes, drift_report, dtype_table, fp32_outputs
 from swinexp.build import build_experiment, check_amp_on_hardware, resolve
 from swinexp.config import HardwareCfg
 from swinexp.engine.step import make_train_step
 from swinexp.optim import adamw
 from swinexp.registry import AMP_POLICIES, MODELS, ConfigError
+from swinexp.runtime.chips import CHIPS
 from tests.conftest import CONF_DIR
 
 BLOCK = "layers.0.blocks.0"
@@ -125,8 +126,8 @@ def test_a_function_cell_is_shared_only_among_owners_of_one_class() -> None:
 def test_dtype_table_lists_every_cell_once() -> None:
     policy = AMP_POLICIES.build({"name": "o1_manual"})
     net = policy.apply(_micro())
-    text = dtype_table(net, policy)
-    assert "O1_manual" in text and f"{BLOCK}.mlp.act" in text
+    text = dtype_table(net, precision.resolve(policy, CHIPS["cpu"]))
+    assert text.startswith("amp policy o1_manual (low precision: float16)") and f"{BLOCK}.mlp.act" in text
     rows = [line.split() for line in text.splitlines()[3:-2]]
     assert len(rows) == len(compute_cells(net)) and all(r[-1] in ("float16", "float32") for r in rows)
 

@@ -15,7 +15,7 @@ import pytest
 from mindspore import Tensor, nn
 from omegaconf import DictConfig
 
-from swinexp.amp import AmpPolicy, overflow
+from swinexp.amp import AmpPolicy, overflow, precision
 from swinexp.amp.overflow import FiniteCheck, SaturatingDevice
 from swinexp.app.job import run
 from swinexp.app.job_info import JobInfo
@@ -24,7 +24,8 @@ from swinexp.config import HardwareCfg
 from swinexp.engine import loop
 from swinexp.engine.step import TrainStep, make_train_step, read_all
 from swinexp.registry import AMP_POLICIES, ConfigError
-from swinexp.runtime import hardware
+from swinexp.runtime import hardware, simulated_ascend
+from swinexp.runtime.chips import CHIPS
 from tests.conftest import CONF_DIR
 from tests.test_cluster_launch import _table
 from tests.test_recipes import _folder
@@ -117,19 +118,22 @@ def test_a_card_other_than_the_configured_one_is_refused() -> None:
 
 
 @pytest.mark.parametrize("amp", sorted(p.stem for p in (CONF_DIR / "amp").glob("*.yaml")))
-def test_every_policy_pins_keep_origin_dtype_on_ascend(compose: Callable[..., DictConfig], amp: str) -> None:
+def test_every_policy_leaves_the_precision_mode_to_the_chip(compose: Callable[..., DictConfig], amp: str) -> None:
     cfg = compose(f"amp={amp}")
-    assert cfg.amp.ascend_precision_mode == "must_keep_origin_dtype"  # so it is an MLflow param of every run
-    assert build_amp(resolve(cfg)).ascend_precision_mode == "must_keep_origin_dtype"
+    assert cfg.amp.ascend_precision_mode == "auto"  # so it is an MLflow param of every run
+    assert build_amp(resolve(cfg)).ascend_precision_mode == "auto"
 
 
-def test_o0_refuses_a_mode_that_computes_fp32_in_fp16() -> None:
-    with pytest.raises(ConfigError, match=r"amp=o0 is the fp32 reference.*allow_fp32_to_fp16.*must_keep_origin"):
-        AMP_POLICIES.build({"name": "o0", "ascend_precision_mode": "allow_fp32_to_fp16"})
+def test_o0_refuses_a_mode_that_is_not_fp32_on_any_chip() -> None:
+    with pytest.raises(ConfigError, match=r"amp=o0 is the fp32 reference.*force_fp32 is not an fp32 mode.*HF32"):
+        precision.resolve(AMP_POLICIES.build({"name": "o0", "ascend_precision_mode": "force_fp32"}), None)
+    with pytest.raises(ConfigError, match=r"amp=o0 is the fp32 reference.*force_fp16.*auto"):
+        precision.resolve(AMP_POLICIES.build({"name": "o0", "ascend_precision_mode": "force_fp16"}), CHIPS["cpu"])
     with pytest.raises(ConfigError, match=r"'must_keep_origin' is not an Ascend precision mode.*Did you mean"):
         AMP_POLICIES.build({"name": "o2", "ascend_precision_mode": "must_keep_origin"})
-    assert AMP_POLICIES.build({"name": "o2", "ascend_precision_mode": "allow_mix_precision"}).ascend_precision_mode \
-        == "allow_mix_precision"  # an fp16 policy may ask for CANN's own mixing, as a deliberate ablation
+    mixed = precision.resolve(AMP_POLICIES.build({"name": "o2", "ascend_precision_mode": "allow_mix_precision"}),
+                              CHIPS["ascend910b"])  # an fp16 policy may ask for CANN's own mixing, as an ablation
+    assert mixed.precision_mode == "allow_mix_precision" and "allow_mix_precision" in mixed.effective
 
 
 OVERRIDES = ("amp=o2", "amp.ascend_precision_mode=allow_mix_precision", "trainer.deterministic=true")
@@ -139,8 +143,12 @@ OVERRIDES = ("amp=o2", "amp.ascend_precision_mode=allow_mix_precision", "trainer
 def device_setups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool, str]]:
     """What each hardware.apply call was given: (devices, deterministic, Ascend precision mode)."""
     seen: list[tuple[int, bool, str]] = []
-    monkeypatch.setattr(hardware, "apply", lambda hw, seed, deterministic=False, precision_mode="?":
-                        seen.append((hw.num_devices, deterministic, precision_mode)))
+
+    def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, policy: AmpPolicy | None = None) -> HardwareCfg:
+        seen.append((hw.num_devices, deterministic, policy.ascend_precision_mode if policy else "?"))
+        return hw
+
+    monkeypatch.setattr(hardware, "apply", apply)
     return seen
 
 
@@ -167,20 +175,29 @@ def test_checking_a_run_sets_its_precision_mode(monkeypatch: pytest.MonkeyPatch,
     assert device_setups == [(1, True, "allow_mix_precision")]
 
 
-def test_the_precision_mode_is_set_and_a_second_value_is_refused() -> None:
-    class OpPrecision:  # mindspore.device_context.ascend.op_precision: settable once per process
-        mode: str | None = None
+@pytest.fixture
+def simulated_910b(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(simulated_ascend.SIMULATE_ENV, "ascend910b")
 
-        def precision_mode(self, mode: str) -> None:
-            if self.mode not in (None, mode):
-                raise RuntimeError("The 'precision_mode' can not be set repeatedly.")
-            self.mode = mode
 
-    op = OpPrecision()
-    hardware.set_ascend_precision_mode("must_keep_origin_dtype", op)
-    assert op.mode == "must_keep_origin_dtype"
+def test_the_precision_is_set_read_back_and_a_second_value_is_refused(simulated_910b: None) -> None:
+    op = simulated_ascend.OpPrecision()  # MindSpore's op_precision as the card has it: settable once per process
+    keep = precision.resolve(AmpPolicy("O0"), CHIPS["ascend910b"])
+    hardware.set_precision(keep, "Ascend", op)
+    assert hardware.read_precision(op) == {"precision_mode": "must_keep_origin_dtype", "matmul_allow_hf32": False,
+                                           "conv_allow_hf32": False}
     with pytest.raises(ConfigError, match=r"already set in this process.*start a fresh process"):
-        hardware.set_ascend_precision_mode("force_fp16", op)
+        hardware.set_precision(precision.resolve(AmpPolicy("O2", ms.float16, ascend_precision_mode="force_fp16"),
+                                                 CHIPS["ascend910b"]), "Ascend", op)
+
+
+def test_a_precision_setting_that_did_not_take_effect_stops_the_run(simulated_910b: None) -> None:
+    class Ignoring(simulated_ascend.OpPrecision):  # a MindSpore/CANN pair that accepts a setting and drops it
+        def conv_allow_hf32(self, value: bool) -> None:
+            pass
+
+    with pytest.raises(ConfigError, match=r"did not take the values set: conv_allow_hf32 is True, not False"):
+        hardware.set_precision(precision.resolve(AmpPolicy("O0"), CHIPS["ascend910b"]), "Ascend", Ignoring())
 
 
 def _dry_run(cfg: DictConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -193,11 +210,18 @@ def test_the_dry_run_states_overflow_check_and_precision_mode(compose: Callable[
                                                               capsys: pytest.CaptureFixture[str],
                                                               caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="swinexp"):
-        report = _dry_run(compose("hardware=ascend8", "amp=o1_manual"), tmp_path, capsys)
+        report = _dry_run(compose("hardware=ascend8", "amp=o1_manual", "hardware.chip=ascend910"), tmp_path, capsys)
     assert "overflow_check=status_register (ascend910 saturates fp16 overflow" in report
-    assert "ascend_precision_mode=must_keep_origin_dtype (the amp policy's)" in report and "chip=ascend910" in report
+    assert "ascend_precision_mode=allow_fp32_to_fp16," in report and "chip=ascend910 (Atlas training series" in report
+    assert "amp_effective=o1_manual (fp32 Cube inputs: fp16 on ascend910)" in report
+    assert "precision note: Conv2d, Conv1d left amp.fp32_cells: ascend910 has no fp32 Cube unit" in report
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("embedded synthetic dataset" in w and "experiment=swin_tiny_in1k" in w for w in warnings)
+    report = _dry_run(compose("hardware=ascend8", "amp=o0", "hardware.chip=ascend910b"), tmp_path, capsys)
+    assert "overflow_check=isfinite" in report and "amp_effective=o0," in report
+    assert "ascend_precision_mode=must_keep_origin_dtype, HF32 off for MatMul and Conv" in report
+    report = _dry_run(compose("hardware=ascend8", "amp=o0"), tmp_path, capsys)  # no card here, none simulated
+    assert "chip=read from the card at start" in report and "ascend910 allow_fp32_to_fp16" in report
     report = _dry_run(compose("hardware=cpu"), tmp_path, capsys)
     assert "overflow_check=isfinite" in report and "ascend_precision_mode" not in report
 
@@ -208,12 +232,14 @@ EXPERIMENTS = [None, *sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.y
 
 
 @pytest.mark.parametrize("hw", HARDWARE)
+@pytest.mark.parametrize("card", ["ascend910", "ascend910b"])
 def test_every_preset_combination_is_checked_before_launch(compose: Callable[..., DictConfig], tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch, hw: str) -> None:
+                                                           monkeypatch: pytest.MonkeyPatch, hw: str, card: str) -> None:
     """Every amp policy and experiment preset on this hardware preset gives its dry-run report in the launching
-    process; the combinations that cannot run fail there with one line."""
+    process, on a (simulated) card of each chip; the combinations that cannot run fail there with one line."""
     monkeypatch.setenv("RANK_TABLE_FILE", _table(tmp_path / "hccl.json", ["127.0.0.1"], devices=8))  # *_ranktable
+    monkeypatch.setenv(simulated_ascend.SIMULATE_ENV, card)
     imagenet = _folder(tmp_path / "imagenet")
     shutil.copytree(imagenet / "val", imagenet / "test")  # cifar10_micro reads <root>/{train,test}
     for amp in AMPS:
@@ -222,12 +248,14 @@ def test_every_preset_combination_is_checked_before_launch(compose: Callable[...
             report = _dry_run(compose(f"hardware={hw}", f"amp={amp}", *preset, smoke=experiment is None),
                               tmp_path, capsys)
             assert report.startswith("dry run:") and "mindspore context:" in report, (hw, amp, experiment)
+            if "device_target=Ascend" in report:  # the card was read before anything was resolved
+                assert f"chip={card} (" in report and "read from the card" not in report, (hw, amp, experiment)
     impossible = {"amp.dtype=bfloat16": "bfloat16", "hardware.overflow_check=status_register": "status_register",
                   "amp.ascend_precision_mode=force_fp16": "force_fp16"}
     for override, named in impossible.items():
         on_this = compose(f"hardware={hw}", "amp=o0" if "precision" in override else "amp=o2", override)
-        device, chip = on_this.hardware.device_target, on_this.hardware.chip
-        cannot = (override.startswith("amp.dtype") and (device == "CPU" or chip == "ascend910")
+        device = on_this.hardware.device_target
+        cannot = (override.startswith("amp.dtype") and (device == "CPU" or device == "Ascend" and card == "ascend910")
                   or override.startswith("hardware.overflow") and device != "Ascend"
                   or override.startswith("amp.ascend"))
         if not cannot:
@@ -277,9 +305,9 @@ def test_the_self_check_passes_here_and_fails_when_overflow_goes_unseen(monkeypa
 
     assert selfcheck.main(["--simulate-saturation", "amp=o1_manual"]) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS") == 4 and "status_register on a simulated saturating device" in out
+    assert out.count("PASS") == 5 and "status_register on a simulated saturating device" in out
     # a card whose step would read isfinite only (the defect): the self-check must say FAIL and exit 1
     monkeypatch.setattr(overflow, "SaturatingDevice", lambda: SaturatingDevice(read_register=False))
     assert selfcheck.main(["--simulate-saturation"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL  fp16 overflow is seen" in out and "1 of 4 checks failed (fp16 overflow is seen)" in out
+    assert "FAIL  fp16 overflow is seen" in out and "1 of 5 checks failed (fp16 overflow is seen)" in out

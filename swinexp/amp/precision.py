@@ -57,6 +57,7 @@ def resolve(policy: AmpPolicy, chip: Chip | None) -> Precision:
         return Precision(policy, None, None if mode == AUTO else mode, None, None,
                          f"{name} (Cube precision read from the card at start)")
     if not chip.ascend:
+        _check_mode_somewhere(policy)  # the same config must not mean another thing on a card
         hf32 = False if chip.name == "gpu" else None  # GPU: no TF32 for fp32 MatMul/Conv (Conv defaults to TF32)
         return Precision(policy, chip.name, None, hf32, hf32, name)
     if mode == AUTO:  # HF32 exists only where the Cube unit computes fp32 (CANN's allow_hf32 excludes the 910)
@@ -113,3 +114,23 @@ def _what_it_does(mode: str) -> str:
         return ("is not an fp32 mode: MindSpore maps it to FP16 Cube math on a 910 and to HF32 convolutions on a "
                 "910B (op_api_util.cc)")
     return "lets the card compute fp32 operators in 16 bits (or HF32)"
+
+
+def policy_table(policies: dict[str, AmpPolicy], chips: dict[str, Chip] = CHIPS) -> str:
+    """A markdown table of what each policy computes on each chip, and how the chip sees fp16 overflow: the
+    README's "per chip" table, generated here so that it cannot drift from the capability table."""
+    header = "| amp | " + " | ".join(f"`{name}`" for name in chips) + " |"
+    lines = [header, "|---" * (len(chips) + 1) + "|"]
+    for name, policy in policies.items():
+        cells = []
+        for chip in chips.values():
+            resolved = resolve(policy, chip)
+            setting = ([resolved.precision_mode] if resolved.precision_mode else []) + (
+                ["HF32 off" if chip.ascend else "TF32 off"] if resolved.matmul_hf32 is False else [])
+            cells.append(f"`{resolved.effective}`" + (f" ({', '.join(setting)})" if setting else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| fp16 overflow seen by | " + " | ".join(
+        "float status register (saturates)" if chip.saturates else "inf/nan in the gradients"
+        for chip in chips.values()) + " |")
+    lines.append("| bfloat16 | " + " | ".join("yes" if chip.bf16 else "no" for chip in chips.values()) + " |")
+    return "\n".join(lines)

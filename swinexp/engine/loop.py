@@ -38,6 +38,14 @@ class NonFiniteLoss(FloatingPointError):
 
 
 @dataclass
+class _Streaks:
+    """Runs of bad steps, across epochs: a run that diverges at an epoch's end is still diverged after it."""
+
+    nonfinite: int = 0  # non-finite micro-batch losses in a row, up to the last read
+    overflow: int = 0   # overflow-skipped optimizer steps in a row at the smallest loss scale
+
+
+@dataclass
 class _Checkpoints:
     """Writes the whole training state with its `Progress` record; only rank 0 writes (the ranks hold the same)."""
 
@@ -77,11 +85,12 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
                                train_step, launch.rank() == 0)
     profiler = _profiler(trainer, run_dir)
     last_epoch = trainer.stop_after_epoch or trainer.epochs
+    streaks = _Streaks()
     with stop_on_signals() as stop:
         while progress.epoch < last_epoch:
             epoch = progress.epoch
             start = time.perf_counter() - progress.train_time_s
-            lr = _train_epoch(exp, train_step, progress, checkpoints, stop, profiler, start, run_dir)
+            lr = _train_epoch(exp, train_step, progress, checkpoints, stop, profiler, start, run_dir, streaks)
             metrics = _epoch_metrics(exp, train_step, eval_step, progress, time.perf_counter() - start, lr,
                                      distributed)
             best = metrics["val/top1"] > max((m["val/top1"] for m in progress.history), default=-math.inf)
@@ -128,7 +137,8 @@ def _starting_progress(exp: Experiment, train_step: TrainStep, resume_from: Resu
 
 
 def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, checkpoints: _Checkpoints,
-                 stop: StopRequest, profiler: StepProfiler | None, start: float, run_dir: Path) -> float:
+                 stop: StopRequest, profiler: StepProfiler | None, start: float, run_dir: Path,
+                 streaks: _Streaks | None = None) -> float:
     """Train the rest of epoch `progress.epoch`; return the LR of its last optimizer step (nan: none taken here).
 
     The host never waits for the device between read points: step outputs stay on the device and are read in one
@@ -147,7 +157,7 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
     bar = tqdm(total=exp.steps_per_epoch, initial=progress.batches_done // trainer.accumulation_steps,
                desc=f"epoch {progress.epoch + 1}/{trainer.epochs}", leave=False, dynamic_ncols=True,
                disable=not (trainer.progress_bar and checkpoints.main_rank))
-    readback = _Readback(exp, progress, bar, start)
+    readback = _Readback(exp, progress, bar, start, streaks or _Streaks())
     lr = float("nan")
     batches = exp.train_loader.epoch(progress.epoch, start_batch=progress.batches_done)
     for images, targets in _limit(batches, micro_batches - progress.batches_done):
@@ -194,11 +204,9 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
 class _Readback:
     """The step outputs the host has not looked at yet, and what it does with them once read in one transfer."""
 
-    def __init__(self, exp: Experiment, progress: Progress, bar: tqdm, start: float) -> None:
-        self.exp, self.progress, self.bar, self.start = exp, progress, bar, start
+    def __init__(self, exp: Experiment, progress: Progress, bar: tqdm, start: float, streaks: _Streaks) -> None:
+        self.exp, self.progress, self.bar, self.start, self.streaks = exp, progress, bar, start, streaks
         self.pending: list[tuple[StepOutput, int, int]] = []
-        self.nonfinite_run = 0  # non-finite micro-batch losses in a row, up to the last read
-        self.overflow_run = 0  # overflow-skipped optimizer steps in a row at the smallest loss scale
         self.tripped: tuple[int, int] | None = None  # (batch, optimizer step) where a run reached its limit
         self.overflowed = False  # the limit reached was the overflow run's (a saturating card hides nan/inf)
         self.min_scale = exp.amp.init_scale if exp.amp.loss_scale == "static" else 1.0
@@ -214,14 +222,15 @@ class _Readback:
         progress, accumulation = self.progress, self.exp.trainer.accumulation_steps
         for out, step, batch in self.pending:
             progress.losses.append(out.loss)
-            self.nonfinite_run = 0 if math.isfinite(out.loss) else self.nonfinite_run + 1
-            if self.nonfinite_run >= self.exp.trainer.max_nonfinite and self.tripped is None:
+            streaks = self.streaks
+            streaks.nonfinite = 0 if math.isfinite(out.loss) else streaks.nonfinite + 1
+            if streaks.nonfinite >= self.exp.trainer.max_nonfinite and self.tripped is None:
                 self.tripped = (batch, step)
             if not out.updated:
                 continue
             at_floor = out.overflow and out.loss_scale <= self.min_scale
-            self.overflow_run = self.overflow_run + 1 if at_floor else 0
-            if self.overflow_run >= self.exp.trainer.max_overflow_at_min_scale and self.tripped is None:
+            streaks.overflow = streaks.overflow + 1 if at_floor else 0
+            if streaks.overflow >= self.exp.trainer.max_overflow_at_min_scale and self.tripped is None:
                 self.tripped, self.overflowed = (batch, step), True
             progress.overflow_steps += out.overflow
             progress.loss_scale = out.loss_scale
