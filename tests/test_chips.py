@@ -51,7 +51,7 @@ def test_the_simulated_910_raises_on_an_fp32_matmul_kept_fp32_and_lowers_it_othe
     ms.set_context(mode=ms.PYNATIVE_MODE)
     card("ascend910")
     simulated_ascend.OP_PRECISION.precision_mode("must_keep_origin_dtype")
-    with pytest.raises(RuntimeError, match=r"simulated ascend910: MatMul with FLOAT inputs and cubeMathType=KEEP_DTYPE"):
+    with pytest.raises(RuntimeError, match=r"simulated ascend910: MatMul with FLOAT inputs and cubeMathType=KEEP"):
         _fp32_matmul()
     card("ascend910")
     simulated_ascend.OP_PRECISION.precision_mode("allow_fp32_to_fp16")
