@@ -18,7 +18,7 @@ from swinexp.build import build_experiment, build_precision, configure_device, r
 from swinexp.engine import loop
 from swinexp.engine.step import StepOutput, read_all, train_step_for
 from swinexp.registry import AMP_POLICIES, ConfigError
-from swinexp.runtime import chips, simulated_ascend
+from swinexp.runtime import chips, devices, simulated_ascend
 from swinexp.runtime.chips import CHIPS
 from tests.conftest import CONF_DIR, ROOT
 
@@ -212,5 +212,6 @@ def test_the_readme_table_is_the_capability_tables() -> None:
 def test_every_ascend_chip_fact_is_in_one_table() -> None:
     assert chips.ASCEND_CHIPS == ("ascend910", "ascend910b", "ascend910_93")
     assert [c.name for c in CHIPS.values() if c.saturates] == ["ascend910"]
-    assert chips.same_group((0, 1, 2, 3), CHIPS["ascend910"]) and not chips.same_group((2, 3, 4, 5), CHIPS["ascend910"])
+    assert devices.hccs_groups("Ascend", "ascend910") == ({0, 1, 2, 3}, {4, 5, 6, 7})  # the launcher reads chips.py
+    assert devices.hccs_groups("Ascend", "ascend910b") is None and devices.hccs_groups("GPU", None) is None
     assert AmpPolicy("O0").ascend_precision_mode == "auto"

@@ -28,8 +28,11 @@ Sources, cited per field below by their short names:
 - [ms_amp]: MindSpore 2.10 `mindspore/amp.py`: `_ascend_910a_target()` is
   `ascend_soc_supports_feature("amp_loss_scale_train_classic_target")` (true on the first-generation 910 only),
   `_ascend_910b_target()` is `ascend_soc_supports_feature("train_hq_dtype_line")`.
-- [hccs]: MindSpore distributed-training docs (Atlas 800 training server): 8 cards in two HCCS rings, {0-3} and
-  {4-7}; a 2- or 4-card job must stay inside one ring.
+- [hccs]: the first-generation 910 (Atlas training series, 8 cards per server): cards 0-3 and 4-7 form two HCCS
+  networks; a job uses 1, 2, 4 or 8 cards, and 2 or 4 of them must lie in one network. CANN's TensorFlow migration
+  guide, "Precautions" before distributed training (tfmigr1_000028, TensorFlowCommercial 8.0.0); MindSpore model zoo
+  `utils/hccl_tools/README.md` ("the first four chips are a group, and the last four chips are a group"). Physical
+  card numbers, as ASCEND_RT_VISIBLE_DEVICES takes them.
 - [soc_names]: MindSpore's `SetContextSocVersion` (Ascend device context): aclrtGetSocName Ascend910A/ProA/ProB/
   PremiumA -> ascend910; Ascend910B1..B4 -> ascend910b; Ascend910_93xx -> ascend910_93.
 - [versions]: MindSpore's install pages (mindspore-ai/docs install/mindspore_ascend_install_pip*.md, release_list)
@@ -67,7 +70,9 @@ class Chip:
         hf32_defaults: (MatMul, Conv) lowered to HF32 (Ascend) / TF32 (GPU) by default [precision_mode,
             gpu_op_precision]; swinexp turns both off so fp32 means fp32 where the chip has it.
         cube_fp32_as: what an fp32 Cube op computes in under `keep_fp32_precision_mode`.
-        hccs_groups: device ids that form one interconnect ring (a 2- or 4-card job stays inside one) [hccs].
+        hccs_groups: device ids that form one interconnect network (a 2- or 4-card job stays inside one) [hccs];
+            None where any set of cards works.
+        hccs_card_counts: the card counts a job may use with those networks [hccs].
         software: the MindSpore/CANN releases that support this chip [versions].
     """
 
@@ -81,6 +86,7 @@ class Chip:
     hf32_defaults: tuple[bool, bool]
     cube_fp32_as: str
     hccs_groups: tuple[tuple[int, ...], ...] | None = None
+    hccs_card_counts: tuple[int, ...] | None = None
     software: str = ""
 
     @property
@@ -105,7 +111,7 @@ CHIPS: dict[str, Chip] = {chip.name: chip for chip in (
     Chip("ascend910", "Atlas training series (first-generation Ascend 910)", fp32_cube=False, bf16=False,
          overflow_modes=(SATURATION,), keep_fp32_precision_mode="allow_fp32_to_fp16",
          default_precision_mode="allow_fp32_to_fp16", hf32_defaults=(False, False), cube_fp32_as="fp16",
-         hccs_groups=((0, 1, 2, 3), (4, 5, 6, 7)),
+         hccs_groups=((0, 1, 2, 3), (4, 5, 6, 7)), hccs_card_counts=(1, 2, 4, 8),
          software="not stated by MindSpore for any release (its install pages name no hardware; MindSpore "
                   "Transformers lists only Atlas A2/A3); CANN 8.5.0 still ships kernels for it: use a MindSpore/CANN "
                   "pair from MindSpore's install page and run the self-check first"),
@@ -148,10 +154,3 @@ def of(device_target: str, chip: str | None) -> Chip | None:
         return CHIPS[device_target.lower()]
     check_name(chip, device_target)
     return CHIPS[chip] if chip is not None else None
-
-
-def same_group(devices: tuple[int, ...], chip: Chip) -> bool:
-    """The devices lie inside one interconnect ring of `chip` (always true without rings)."""
-    if chip.hccs_groups is None:
-        return True
-    return any(set(devices) <= set(group) for group in chip.hccs_groups)

@@ -17,22 +17,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swinexp.registry import ConfigError
+from swinexp.runtime import chips
 
 VISIBLE_DEVICES_ENV = {"Ascend": "ASCEND_RT_VISIBLE_DEVICES", "GPU": "CUDA_VISIBLE_DEVICES"}
 UNIT = {"Ascend": "Ascend card", "GPU": "GPU", "CPU": "CPU core"}
-# The first-generation Ascend 910 (Atlas training series, 8 cards per server): cards 0-3 and 4-7 form two HCCS
-# networks; a job uses 1, 2, 4 or 8 cards, and 2 or 4 of them must lie in one network. Sources: CANN's TensorFlow
-# migration guide, "Precautions" before distributed training (tfmigr1_000028, TensorFlowCommercial 8.0.0); MindSpore
-# model zoo `utils/hccl_tools/README.md` ("the first four chips are a group, and the last four chips are a group").
-# Physical card numbers, as ASCEND_RT_VISIBLE_DEVICES takes them. Belongs in runtime/chips.py's table once it exists.
-HCCS_GROUPS_910: tuple[frozenset[int], ...] = (frozenset(range(4)), frozenset(range(4, 8)))
-HCCS_CARD_COUNTS_910 = (1, 2, 4, 8)
-GROUPED_CHIPS = (None, "ascend910")  # a chip not given on Ascend may be a 910: kept in groups to be safe
+# the first-generation 910's HCCS networks and card counts (runtime/chips.py, with their sources)
+HCCS_GROUPS_910: tuple[frozenset[int], ...] = tuple(
+    frozenset(group) for group in chips.CHIPS[chips.FIRST_GENERATION].hccs_groups or ())
+HCCS_CARD_COUNTS_910 = chips.CHIPS[chips.FIRST_GENERATION].hccs_card_counts or ()
 
 
 def hccs_groups(device_target: str, chip: str | None) -> tuple[frozenset[int], ...] | None:
-    """The card groups a job must stay inside, or None where any set of cards works (GPU, CPU, 910B and later)."""
-    return HCCS_GROUPS_910 if device_target == "Ascend" and chip in GROUPED_CHIPS else None
+    """The card groups a job must stay inside, or None where any set of cards works (GPU, CPU, 910B and later).
+    A chip not given on Ascend may be a 910: its jobs are kept in groups to be safe."""
+    if device_target != "Ascend":
+        return None
+    groups = chips.CHIPS[chip or chips.FIRST_GENERATION].hccs_groups
+    return tuple(frozenset(group) for group in groups) if groups else None
 
 
 def cpu_identity() -> str:
