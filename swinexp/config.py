@@ -81,7 +81,7 @@ class TrainerCfg:
 class HardwareCfg:
     device_target: str = "CPU"                  # CPU | GPU | Ascend
     mode: str = "graph"                         # graph (compiled, fast) | pynative (eager, debuggable)
-    jit_level: Optional[str] = None             # MindSpore graph kernel level O0/O1/O2; null = backend default
+    jit_level: Optional[str] = None             # ms.jit(jit_level=) of the train/eval steps: O0/O1/O2; null = O0
     cpu_threads: Optional[int] = None           # CPU kernel threads; null = the cores this process may run on
     memory_optimize_level: Optional[str] = None  # O0 | O1 (memory reuse across the graph); null = backend default
     chip: Optional[str] = None                  # ascend910 (Atlas training series: saturation mode, no bf16) |

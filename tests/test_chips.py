@@ -215,3 +215,41 @@ def test_every_ascend_chip_fact_is_in_one_table() -> None:
     assert devices.hccs_groups("Ascend", "ascend910") == ({0, 1, 2, 3}, {4, 5, 6, 7})  # the launcher reads chips.py
     assert devices.hccs_groups("Ascend", "ascend910b") is None and devices.hccs_groups("GPU", None) is None
     assert AmpPolicy("O0").ascend_precision_mode == "auto"
+
+
+def test_hardware_jit_level_reaches_the_compiled_steps(compose: Callable[..., DictConfig],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """ms.jit takes its own jit_level (default O0), so hardware.jit_level set on the context alone never reached the
+    train or eval step."""
+    from swinexp.engine import evaluate, step
+
+    levels: list[str] = []
+
+    def recording_jit(fn, jit_level: str = "O0", **kwargs):  # noqa: ANN001, ANN202
+        levels.append(jit_level)
+        return fn
+
+    monkeypatch.setattr(step.ms, "jit", recording_jit)
+    exp = build_experiment(resolve(compose("hardware.jit_level=O1")))
+    train_step_for(exp, jit=True)
+    evaluate.make_eval_step(exp.model, True, loop._jit_level(exp))
+    assert levels == ["O1", "O1"]  # the train step's graph (no accumulation: one), the eval step's
+    with pytest.raises(ConfigError, match=r"hardware.jit_level='O3' is not valid; choose one of: O0, O1, O2"):
+        resolve(compose("hardware.jit_level=O3"))
+
+
+def test_evaluation_reads_the_device_once(compose: Callable[..., DictConfig],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from swinexp.engine import evaluate
+
+    exp = build_experiment(resolve(compose()))
+    batches = list(exp.val_loader.epoch(0))
+    expected = evaluate.evaluate(exp.model, batches)
+    reads: list[str] = []
+    for name in ("asnumpy", "tolist", "__float__", "item"):
+        original = getattr(Tensor, name)
+        monkeypatch.setattr(Tensor, name, lambda self, *a, _o=original, _n=name, **k: (reads.append(_n), _o(self, *a,
+                                                                                                            **k))[1])
+    got = evaluate.evaluate(exp.model, batches)
+    assert len(batches) > 1 and reads == ["tolist"]  # one read for the whole pass
+    assert got == pytest.approx(expected, rel=1e-6)

@@ -28,8 +28,9 @@ class EvalStep:
         return self._step(images, labels)
 
 
-def make_eval_step(model: nn.Cell, jit: bool) -> EvalStep:
-    """The eval step of `model`, compiled (graph mode) or eager."""
+def make_eval_step(model: nn.Cell, jit: bool, jit_level: str | None = None) -> EvalStep:
+    """The eval step of `model`, compiled (graph mode, at `jit_level`: hardware.jit_level, None = ms.jit's O0) or
+    eager."""
 
     def step(images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits = ops.cast(model(images), ms.float32)
@@ -43,29 +44,31 @@ def make_eval_step(model: nn.Cell, jit: bool) -> EvalStep:
         top5 = ops.cast(hits.any(axis=-1), ms.float32).sum()
         return loss, top1, top5
 
-    return EvalStep(ms.jit(GraphStep(step, {"model": model})) if jit else step, jit)
+    return EvalStep(ms.jit(GraphStep(step, {"model": model}), jit_level=jit_level or "O0") if jit else step, jit)
 
 
 def evaluate(model: nn.Cell, batches: Iterable[tuple[Tensor, Tensor]],
              step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None,
              distributed: bool = False) -> dict[str, float]:
     """Mean loss and top-1/top-5 accuracy in percent over all samples of `batches` (of every rank's batches
-    when `distributed`)."""
+    when `distributed`). The sums stay on the device until the last batch: one read per evaluation, not per batch."""
     model.set_train(False)
     step = step or make_eval_step(model, jit=False)
-    loss = top1 = top5 = 0.0
+    sums: Tensor | None = None  # (loss, top-1 hits, top-5 hits), fp32 on the device
     count = 0
     for images, labels in batches:
-        batch_loss, batch_top1, batch_top5 = step(images, labels)
-        loss += float(batch_loss)
-        top1 += float(batch_top1)
-        top5 += float(batch_top5)
+        batch = ops.stack([ops.cast(v, ms.float32).reshape(()) for v in step(images, labels)])
+        sums = batch if sums is None else sums + batch
         if count == 0:
             phases.mark("eval")
-        count += int(labels.shape[0])
+        count += int(labels.shape[0])  # the host knows the batch size: no read
+    if sums is None:
+        sums = Tensor([0.0, 0.0, 0.0], ms.float32)
     if distributed:  # every rank evaluated its own shard: add the sums up so all ranks report the whole set
-        sums = ops.AllReduce(ops.ReduceOp.SUM)(Tensor([loss, top1, top5, count], ms.float32))
-        loss, top1, top5, count = sums.tolist()
+        totals = ops.AllReduce(ops.ReduceOp.SUM)(ops.concat([sums, Tensor([float(count)], ms.float32)]))
+        loss, top1, top5, count = totals.tolist()
+    else:
+        loss, top1, top5 = sums.tolist()
     if count == 0:
         raise ValueError("evaluate() received no batches")
     return {"val/loss": loss / count, "val/top1": 100.0 * top1 / count, "val/top5": 100.0 * top5 / count}

@@ -79,7 +79,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
     """
     trainer, distributed = exp.trainer, launch.is_worker()
     train_step = train_step_for(exp, jit, distributed, launch.rank())
-    eval_step = make_eval_step(exp.model, jit)
+    eval_step = make_eval_step(exp.model, jit, _jit_level(exp))
     progress = _starting_progress(exp, train_step, resume_from, config, choices)
     checkpoints = _Checkpoints(checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last), exp,
                                train_step, launch.rank() == 0)
@@ -346,8 +346,13 @@ def _limit(batches, limit: int | None):
 
 def evaluate_only(exp: Experiment, jit: bool) -> dict[str, float]:
     """One validation pass over the whole val set, logged at step 0 (before any training)."""
-    metrics = evaluate(exp.model, exp.val_loader.epoch(0), make_eval_step(exp.model, jit), launch.is_worker())
+    metrics = evaluate(exp.model, exp.val_loader.epoch(0), make_eval_step(exp.model, jit, _jit_level(exp)),
+                       launch.is_worker())
     exp.tracker.log_metrics(metrics, step=0)
     log.info("eval only  val/loss %.4f  val/top1 %.2f  val/top5 %.2f", metrics["val/loss"], metrics["val/top1"],
              metrics["val/top5"])
     return metrics
+
+
+def _jit_level(exp: Experiment) -> str | None:
+    return exp.plan.hardware.jit_level if exp.plan is not None else None

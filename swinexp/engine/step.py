@@ -243,12 +243,13 @@ class TrainStep:
         seed: keys the draws; None takes the process seed (`mindspore.get_seed()`, set by `hardware.apply`).
         rank: this worker's rank (distributed only): each rank draws its own masks.
         overflow_check: how overflow is seen on this device (amp/overflow.py); None: `isfinite`.
+        jit_level: hardware.jit_level for `ms.jit` (O0, O1, O2); None: ms.jit's own default, O0.
     """
 
     def __init__(self, model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None = None,
                  jit: bool = True, accumulation_steps: int = 1, accumulate_on: str = "device",
                  ema_decay: float | None = None, distributed: bool = False, seed: int | None = None,
-                 overflow_check: FiniteCheck | None = None, rank: int = 0) -> None:
+                 overflow_check: FiniteCheck | None = None, rank: int = 0, jit_level: str | None = None) -> None:
         if accumulation_steps < 1:
             raise ConfigError(f"trainer.accumulation_steps={accumulation_steps} must be >= 1")
         if accumulate_on not in ACCUMULATE_ON:
@@ -272,7 +273,7 @@ class TrainStep:
         self._not_compiled = {TRAIN_GRAPH, ACCUMULATION_GRAPH} if jit else set()  # graphs not yet called here
 
         def compile_(fn: Callable[..., object]) -> Callable[..., object]:
-            return ms.jit(GraphStep(fn, owners)) if jit else fn
+            return ms.jit(GraphStep(fn, owners), jit_level=jit_level or "O0") if jit else fn
 
         if accumulation_steps == 1:
             # no buffer at all: the update consumes this micro-batch's gradient directly
@@ -448,10 +449,11 @@ def _explain_cpu_placement(jit: bool) -> None:
 def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, clip_grad: float | None,
                     jit: bool, accumulation_steps: int = 1, accumulate_on: str = "device",
                     ema_decay: float | None = None, distributed: bool = False, seed: int | None = None,
-                    overflow_check: FiniteCheck | None = None, rank: int = 0) -> TrainStep:
+                    overflow_check: FiniteCheck | None = None, rank: int = 0,
+                    jit_level: str | None = None) -> TrainStep:
     """Build the train step; see TrainStep for the arguments."""
     return TrainStep(model, optimizer, amp, clip_grad, jit, accumulation_steps, accumulate_on, ema_decay,
-                     distributed, seed, overflow_check, rank)
+                     distributed, seed, overflow_check, rank, jit_level)
 
 
 def train_step_for(exp: Experiment, jit: bool, distributed: bool = False, rank: int = 0) -> TrainStep:
@@ -465,4 +467,5 @@ def train_step_for(exp: Experiment, jit: bool, distributed: bool = False, rank: 
     trainer = exp.trainer
     return make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
                            trainer.accumulate_on, trainer.ema.decay, distributed,
-                           overflow_check=overflow.make(exp.overflow_check), rank=rank)
+                           overflow_check=overflow.make(exp.overflow_check), rank=rank,
+                           jit_level=exp.plan.hardware.jit_level if exp.plan is not None else None)

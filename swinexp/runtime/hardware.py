@@ -25,6 +25,7 @@ log = logging.getLogger("swinexp")
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 MEMORY_LEVELS = ("O0", "O1")
+JIT_LEVELS = ("O0", "O1", "O2")  # ms.jit(jit_level=...): kernel by kernel, + graph kernel fusion, whole graph sink
 
 
 def validate(hw: HardwareCfg) -> None:
@@ -46,6 +47,9 @@ def validate(hw: HardwareCfg) -> None:
                           "(or null)")
     if hw.node_sync_timeout_s <= 0:
         raise ConfigError(f"hardware.node_sync_timeout_s={hw.node_sync_timeout_s} must be > 0 (seconds)")
+    if hw.jit_level not in (None, *JIT_LEVELS):
+        raise ConfigError(f"hardware.jit_level='{hw.jit_level}' is not valid; choose one of: {', '.join(JIT_LEVELS)} "
+                          "(or null for ms.jit's default, O0)")
     if hw.memory_optimize_level not in (None, *MEMORY_LEVELS):
         raise ConfigError(f"hardware.memory_optimize_level='{hw.memory_optimize_level}' is not valid; choose one of: "
                           f"{', '.join(MEMORY_LEVELS)} (or null for MindSpore's default)")
@@ -106,8 +110,6 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, policy: AmpPo
         set_cpu_threads(hw.cpu_threads)
     if hw.memory_optimize_level is not None:
         ms.runtime.set_memory(optimize_level=hw.memory_optimize_level)
-    if hw.jit_level is not None:
-        ms.set_context(jit_config={"jit_level": hw.jit_level})
     set_deterministic(deterministic)
     if hw.num_devices * hw.num_nodes > 1:
         init()  # inside an msrun worker: join the collective group (HCCL, NCCL or MindSpore's own on CPU)
@@ -253,7 +255,7 @@ def context_summary(hw: HardwareCfg, policy: AmpPolicy | None = None) -> dict[st
     chip = chips.of(hw.device_target, hw.chip)
     precision = amp_precision.resolve(policy or AmpPolicy("O0"), chip)
     summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
-                                  "jit_level": hw.jit_level or "backend default",
+                                  "jit_level": hw.jit_level or "O0 (ms.jit's default)",
                                   "memory_optimize_level": hw.memory_optimize_level or "backend default",
                                   "overflow_check": overflow.describe(hw.overflow_check, hw.device_target, hw.chip)}
     if hw.device_target == "Ascend":
