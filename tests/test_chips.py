@@ -253,3 +253,36 @@ def test_evaluation_reads_the_device_once(compose: Callable[..., DictConfig],
     got = evaluate.evaluate(exp.model, batches)
     assert len(batches) > 1 and reads == ["tolist"]  # one read for the whole pass
     assert got == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_mission_command_trains_on_a_simulated_910_and_says_what_it_computed(tmp_path: Path) -> None:
+    """`python run.py ... amp=o1_manual hardware=ascend` as a user runs it, in a process that is a first-generation
+    910 (hardware.chip=null): the card is read, the run's params carry it, the MLflow tag names what the policy
+    computed there, and the overflow check is the status register."""
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import SMOKE
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    smoke = [o for o in SMOKE if not o.startswith(("tracking=", "hardware="))]
+    args = [*smoke, *ON_THE_CARD, "amp=o1_manual", f"data.root={tmp_path / 'data'}", "trainer.epochs=1",
+            "trainer.limit_train_batches=2", "trainer.amp_report=true", "tracking=mlflow", f"tracking.uri={uri}",
+            "tracking.experiment=card",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {**os.environ, simulated_ascend.SIMULATE_ENV: "ascend910"}
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("card").experiment_id])
+    assert run.data.params["hardware.chip"] == "ascend910"  # null in the config, the card's in the run
+    assert run.data.params["hardware.overflow_check_resolved"] == "status_register"
+    assert run.data.tags["amp.effective"] == "o1_manual (fp32 Cube inputs: fp16 on ascend910)"
+    dtypes = (tmp_path / "run" / "amp_dtypes.txt").read_text()
+    assert dtypes.startswith("amp policy o1_manual (fp32 Cube inputs: fp16 on ascend910)")
+    assert "Conv2d, Conv1d left amp.fp32_cells" in dtypes

@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)  # key=value overrides may follow the options
     try:
         run = open_run(args.source, args.overrides, args.checkpoint)
-        setup(run)
+        run = setup(run)
         metrics = evaluate_run(run)
     except ConfigError as err:
         parser.exit(2, f"error: {err}\n")

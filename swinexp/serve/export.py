@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)  # key=value overrides may follow the options
     try:
         run = open_run(args.source, args.overrides, args.checkpoint)
-        setup(run)
+        run = setup(run)
         out = args.out or run.checkpoint.parent.parent / "export" / "model"
         path = export(run, out, args.format, args.batch_size)
     except ConfigError as err:

@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.topk < 1:
             raise ConfigError(f"--topk {args.topk} must be >= 1")
         run = open_run(args.source, args.overrides, args.checkpoint)
-        setup(run)
+        run = setup(run)
         rows = predict(run, load_model(run), args.images, args.topk, args.batch_size)
     except ConfigError as err:
         parser.exit(2, f"error: {err}\n")

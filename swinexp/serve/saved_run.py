@@ -6,7 +6,7 @@ run's MLflow artifacts downloaded to a folder (the same layout), or from a singl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mindspore import nn
@@ -74,9 +74,10 @@ def open_run(source: Path, overrides: Sequence[str] = (), which: str = "best") -
     return SavedRun(plan, ckpt, classes)
 
 
-def setup(run: SavedRun) -> None:
-    """The run's MindSpore context in this one process (a run trained on 8 workers is served by one)."""
-    configure_device(run.plan, one_process=True)
+def setup(run: SavedRun) -> SavedRun:
+    """The run's MindSpore context in this one process (a run trained on 8 workers is served by one); serve the
+    returned run, whose plan names the card's chip (its amp policy resolves on it)."""
+    return replace(run, plan=configure_device(run.plan, one_process=True))
 
 
 def load_model(run: SavedRun) -> nn.Cell:
