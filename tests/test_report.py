@@ -12,13 +12,14 @@ from PIL import Image
 from swinexp.tracking.report import best_trial, main, sweep_report
 
 
-def _child(client: MlflowClient, exp: str, parent: str, job: int, name: str, top1: list[float]) -> None:
+def _child(client: MlflowClient, exp: str, parent: str, job: int, name: str, top1: list[float],
+           status: str = "FINISHED") -> None:
     run = client.create_run(exp, run_name=name, tags={"sweep.id": parent, "sweep.job": str(job),
                                                       "mlflow.parentRunId": parent})
     metrics = [Metric("val/top1", v, 0, step) for step, v in enumerate(top1, start=1)]
     metrics += [Metric("epoch_time_s", 2.0 + job, 0, step) for step in range(1, len(top1) + 1)]
     client.log_batch(run.info.run_id, metrics=metrics)
-    client.set_terminated(run.info.run_id)
+    client.set_terminated(run.info.run_id, status)
 
 
 def test_report_reads_epoch_values_groups_seeds_and_plots(tmp_path: Path) -> None:
@@ -120,3 +121,55 @@ def test_best_trial_names_a_searchs_best_job_its_values_and_objective() -> None:
             "sweep.role": "parent"}
     assert best_trial(tags, "val/top5") == "best trial: job #3 optimizer.lr=0.001: val/top1 41.5\n"
     assert best_trial({"sweep.role": "parent"}, "val/top1") == ""  # a grid has no best trial
+
+
+def test_report_opens_with_paired_verdicts_leaves_out_failed_seeds_and_logs_gaps_to_mlflow(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    parent = client.create_run(exp, run_name="sweep amp=o0,o2,o1 seed=1,2,3", tags={
+        "sweep.role": "parent", "sweep.failed_jobs": "#8 amp=o1 seed=3: RuntimeError: out of memory"}).info.run_id
+    for job, (name, top1, status) in enumerate([
+            ("amp=o0 seed=1", [10.0, 20.0, 30.0], "FINISHED"), ("amp=o0 seed=2", [12.0, 24.0, 28.0], "FINISHED"),
+            ("amp=o0 seed=3", [11.0, 22.0, 29.0], "FINISHED"),
+            ("amp=o2 seed=1", [13.0, 23.0, 33.0], "FINISHED"),
+            ("amp=o2 seed=2", [15.0, 27.0, 99.0], "FAILED"),  # its epoch 3 must not count
+            ("amp=o2 seed=3", [14.0, 25.0, 32.1], "FINISHED"),
+            ("amp=o1 seed=1", [10.0, 20.0, 30.2], "FINISHED"), ("amp=o1 seed=2", [12.0, 24.0, 28.0], "FINISHED")]):
+        _child(client, exp, parent, job, name, top1, status)  # amp=o1 seed=3 failed before it logged a run
+
+    for _ in range(2):  # a second report logs nothing twice
+        report = sweep_report(uri, "e", parent, epoch=3, out=tmp_path / "out")
+    # o2 − o0 on seeds 1 and 3: +3.0, +3.1 -> mean 3.05, sd 0.0707, t(0.975, 1) = 12.706: ± 0.635
+    (o2,) = [line for line in report.verdicts.splitlines() if line.startswith("| amp=o2 − amp=o0 |")]
+    assert o2.startswith("| amp=o2 − amp=o0 | 2 (1, 3) | +3.05 | [+2.41, +3.69] | ") and o2.endswith(" | real |")
+    # o1 − o0 on seeds 1 and 2: +0.2, 0.0 -> ± 1.27 (unpaired, Welch over all its seeds: ± 7.04);
+    # n=3 would do: 4.303 · 0.1414/√3 = 0.351 ≤ 0.5 − 0.1
+    assert ("| amp=o1 − amp=o0 | 2 (1, 2) | +0.10 | [-1.17, +1.37] | [-6.94, +7.14] | undecided: ~3 paired seeds "
+            "would resolve a gap of +0.10 at this noise (sd 0.14) |") in report.verdicts
+    assert "Left out (never averaged in): seed 2: amp=o2 FAILED; seed 3: amp=o1 no run" in report.verdicts
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.index("## Verdicts: val/top1 at epoch 3, each arm against amp=o0") < md.index("| run |")
+    assert "\nMethod: per arm, the difference to the baseline on each seed both ran (paired" in md
+    assert report.text.index(report.verdicts) < report.text.index(report.table)
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert page.index("<td>amp=o2 − amp=o0</td><td>2 (1, 3)</td><td>+3.05</td>") < page.index("<td>amp=o0 (seeds")
+
+    runs = {r.info.run_name: r for r in client.search_runs([exp], f"tags.`sweep.id` = '{parent}'")}
+    assert runs["amp=o2 seed=3"].data.metrics["val/top1_at3"] == 32.1
+    assert runs["amp=o2 seed=2"].data.metrics["val/top1_at3"] == 99.0  # its value, though the verdict left it out
+    assert len(client.get_metric_history(runs["amp=o0 seed=1"].info.run_id, "val/top1_at3")) == 1
+    logged = client.get_run(parent).data
+    assert logged.metrics["gap/o2-o0_at3"] == pytest.approx(3.05)
+    assert (logged.metrics["gap/o2-o0_at3_lo"], logged.metrics["gap/o2-o0_at3_hi"]) == pytest.approx(
+        (2.4147, 3.6853), abs=1e-4)
+    assert logged.metrics["gap/o1-o0_at3_lo"] < 0 < logged.metrics["gap/o1-o0_at3_hi"]
+    assert logged.tags["verdict/o2-o0_at3"] == "real (gap +3.05 [+2.41, +3.69], paired seeds 2 (1, 3))"
+    assert logged.tags["verdict/o1-o0_at3"].startswith("undecided: ~3 paired seeds")
+    assert len(client.get_metric_history(parent, "gap/o2-o0_at3")) == 1
+
+    other = main(["--tracking-uri", uri, "--experiment", "e", "--sweep", parent, "--epoch", "3", "--baseline",
+                  "amp=o2", "--out", str(tmp_path / "out2")])
+    assert "| run |" in other  # the baseline changes the verdicts only
+    with pytest.raises(SystemExit, match="baseline 'amp=o9' is not an arm of this sweep; choose one of: amp=o0"):
+        main(["--tracking-uri", uri, "--experiment", "e", "--sweep", parent, "--baseline", "amp=o9"])

@@ -74,7 +74,7 @@ def test_fewer_than_two_paired_seeds_is_undecided_with_the_reason() -> None:
     (gap,) = compare({"amp=o0": {"42": 30.0}, "amp=o2": {"42": 31.0}})
     assert gap.verdict == "undecided" and gap.paired is None and gap.unpaired is None and gap.mean == 1.0
     assert gap.seeds_needed is None
-    assert gap.reason.startswith("1 paired seed: the seed-to-seed noise of the gap needs 2 or more")
+    assert gap.reason.startswith("only 1 paired seed, and the gap's seed-to-seed noise needs 2 or more")
 
 
 def test_a_named_baseline_and_a_wrong_one() -> None:

@@ -1,5 +1,5 @@
-"""`python -m swinexp.tracking.report`: compare the runs of a sweep at epoch N — a table, a CSV/markdown copy, a plot
-and an HTML page.
+"""`python -m swinexp.tracking.report`: compare the runs of a sweep at epoch N — a verdict per gap between arms, a
+table, a CSV/markdown copy, a plot and an HTML page.
 
 Reads any MLflow tracking store; writes into --out and logs the files to the sweep's parent run; prints the link
 that opens the sweep's jobs in MLflow's UI on the metric's chart. A sweep (`-m`) calls `sweep_report` itself when
@@ -18,8 +18,20 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from swinexp.tracking import FAILED_JOBS_TAG, STOPPED_TAG, report_html, resolve_uri, ui
+from swinexp.tracking import FAILED_JOBS_TAG, report_html, resolve_uri, ui
+from swinexp.tracking.arms import (
+    VERDICT_HEADER,
+    gaps_of,
+    left_out,
+    log_verdicts,
+    run_status,
+    verdict_markdown,
+    verdict_rows,
+    verdict_title,
+    without_seed,
+)
 from swinexp.tracking.ui import UI_PORT
+from swinexp.tracking.verdict import MARGIN, METHOD
 
 REPORT_FILES = ("report.md", "report.csv", "curves.png", "report.html")
 
@@ -60,16 +72,6 @@ def history(client: MlflowClient, run: Run, metric: str) -> dict[int, float]:
 
 def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
-
-
-def without_seed(name: str) -> str:
-    return " ".join(part for part in name.split() if not part.startswith("seed=")) or "(seed only)"
-
-
-def run_status(run: Run) -> str:
-    """MLflow's status, or 'screen @N' for a run that trainer.stop_after_epoch=N ended (FINISHED, resumable)."""
-    stopped = run.data.tags.get(STOPPED_TAG)
-    return f"screen @{stopped}" if stopped and run.info.status == "FINISHED" else run.info.status
 
 
 def missing_at_epoch(client: MlflowClient, runs: list[Run], metric: str, epoch: int) -> list[str]:
@@ -170,9 +172,11 @@ def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: 
 
 @dataclass(frozen=True)
 class Report:
-    table: str   # the markdown table
-    text: str    # what the console shows: the table, the screens, failed jobs, where the report and the UI are
-    url: str     # the sweep's jobs in MLflow's UI, chart view on the metric
+    table: str     # the markdown table
+    text: str      # what the console shows: the verdicts, the table, the screens, failed jobs, where the report and
+                   # the UI are
+    url: str       # the sweep's jobs in MLflow's UI, chart view on the metric
+    verdicts: str  # the markdown verdict table with its method line; '' for a sweep of one arm
 
 
 def failed_jobs(parent: Run) -> list[str]:
@@ -197,13 +201,17 @@ def last_common_epoch(client: MlflowClient, runs: list[Run], metric: str) -> int
 
 
 def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric: str = "val/top1",
-                 epoch: int | None = None, out: Path | None = None, ui_port: int = UI_PORT) -> Report:
+                 epoch: int | None = None, out: Path | None = None, ui_port: int = UI_PORT,
+                 baseline: str | None = None, margin: float = MARGIN) -> Report:
     """Compare the jobs of sweep `parent_run_id` at `epoch` and log the report to the parent run.
 
     Writes report.md, report.csv, curves.png (`metric` against epoch, a line per job, `epoch` marked) and
     report.html (the table and the `metric` and train/loss curves, self-contained) into `out` and the parent's
     `report/` artifacts, and stores the sweep's view in the experiment (see `swinexp.tracking.ui`). Runs that
-    differ only in `seed=` share a row, as mean ± std. Warnings about runs without `epoch` go to stderr.
+    differ only in `seed=` share a row, as mean ± std, and form an arm: the report and its page open with each
+    arm's paired gap to `baseline` and its verdict (`swinexp.tracking.arms`), which are also logged to MLflow
+    (`<metric>_at<epoch>` on each job; `gap/...` metrics and `verdict/...` tags on the parent). Warnings about runs
+    without `epoch` go to stderr.
 
     Args:
         tracking_uri: An absolute tracking URI (`swinexp.tracking.resolve_uri`).
@@ -213,9 +221,12 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
         epoch: The compared epoch; None: the last epoch every job reached.
         out: Where the files go; None: report/<parent run id> in the working directory.
         ui_port: The port the printed `mlflow ui` command serves a local store on.
+        baseline: The arm every other arm is compared with (a run name without `seed=`); None: the first job's.
+        margin: Points within which a gap's paired interval makes two arms "equal".
 
     Raises:
         LookupError: The experiment does not exist, or the sweep has no child runs.
+        ValueError: `baseline` is not an arm of the sweep.
     """
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
@@ -233,26 +244,34 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
         print(f"warning: {line}; its row shows — at epoch {epoch}", file=sys.stderr)
     rows = build_rows(client, runs, metric, epoch)
     table = markdown(rows, metric, epoch)
+    curves = [history(client, r, metric) for r in runs]
+    gaps = gaps_of(runs, curves, metric, epoch, baseline, margin)
+    verdicts = verdict_markdown(gaps, metric, epoch)
     failures = "".join(f"\n- {f}" for f in failed)
     failures = f"\nFailed jobs:{failures}\n" if failed else ""
     out = out or Path("report") / parent_run_id
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(f"# {parent.info.run_name}\n\n{table}{failures}")
+    (out / "report.md").write_text(f"# {parent.info.run_name}\n\n{verdicts}{table}{failures}")
     write_csv(rows, out / "report.csv")
     plot(client, runs, metric, epoch, parent.info.run_name, out / "curves.png")
     jobs = [r.info.run_name for r in runs]
     charts = {m: {r.info.run_name: history(client, r, m) for r in runs} for m in dict.fromkeys((metric, "train/loss"))}
+    head = report_html.Section(verdict_title(metric, epoch, gaps), VERDICT_HEADER, verdict_rows(gaps),
+                               [METHOD, *(["Left out (never averaged in): " + "; ".join(left_out(gaps))]
+                                          if left_out(gaps) else [])]) if gaps else None
     (out / "report.html").write_text(report_html.page(
-        parent.info.run_name, table_header(metric, epoch), [row_cells(r) for r in rows], charts, jobs, epoch, failed))
+        parent.info.run_name, table_header(metric, epoch), [row_cells(r) for r in rows], charts, jobs, epoch, failed,
+        head))
     for name in REPORT_FILES:
         client.log_artifact(parent_run_id, str(out / name), artifact_path="report")
+    log_verdicts(client, parent_run_id, runs, curves, metric, epoch, gaps)
 
     base, command = ui.ui_base(tracking_uri, ui_port)
     url = ui.runs_view_url(base, found.experiment_id, ui.share_sweep_view(client, found.experiment_id,
                                                                            parent_run_id, metric))
     screens = [r.info.run_name for r in runs if run_status(r).startswith("screen")]
     finished = [r.info.run_name for r in runs if run_status(r) == "FINISHED"]
-    text = (f"{parent.info.run_name}  ({len(runs)} runs, parent {parent_run_id})\n\n{table}{failures}\n"
+    text = (f"{parent.info.run_name}  ({len(runs)} runs, parent {parent_run_id})\n\n{verdicts}{table}{failures}\n"
             f"{best_trial(parent.data.tags, metric)}"
             f"screens (stopped early; continue with trainer.stop_after_epoch=null): {', '.join(screens) or 'none'}\n"
             f"finished (all trainer.epochs): {', '.join(finished) or 'none'}\n"
@@ -260,7 +279,7 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
             f"{ui.run_url(base, found.experiment_id, parent_run_id)}\n"
             f"compare in MLflow: {url}\n"
             + (f"  first serve the store: {command}\n" if command else ""))
-    return Report(table, text, url)
+    return Report(table, text, url, verdicts)
 
 
 def main(argv: Sequence[str] | None = None) -> str:
@@ -272,6 +291,10 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--epoch", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="default: report/<parent run id>")
     parser.add_argument("--ui-port", type=int, default=UI_PORT, help="the port of the printed `mlflow ui` command")
+    parser.add_argument("--baseline", default=None, help="the arm the others are compared with, e.g. 'amp=o0' "
+                                                         "(default: the first job's)")
+    parser.add_argument("--margin", type=float, default=MARGIN,
+                        help="points within which two arms count as equal (default: %(default)s)")
     args = parser.parse_args(argv)
 
     uri = resolve_uri(args.tracking_uri, Path.cwd())
@@ -287,8 +310,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     parent = find_parent(client, experiment.experiment_id, args.sweep)
     try:
         report = sweep_report(uri, args.experiment, parent.info.run_id, args.metric, args.epoch, args.out,
-                              args.ui_port)
-    except LookupError as err:
+                              args.ui_port, args.baseline, args.margin)
+    except (LookupError, ValueError) as err:
         raise SystemExit(str(err)) from err
     print(report.text, end="")
     return report.table

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 # matplotlib's tab10, so the page and curves.png give a job the same colour
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -14,6 +15,16 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 WIDTH, HEIGHT, PAD = 560, 320, 48
 
 Curves = Mapping[str, Mapping[int, float]]  # job name -> {epoch: value}
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled table with notes under it (the verdicts at the head of the page)."""
+
+    title: str
+    header: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    notes: Sequence[str] = ()
 
 SCRIPT = """
 for (const box of document.querySelectorAll('input[data-job]')) {
@@ -65,12 +76,20 @@ def svg_chart(metric: str, curves: Curves, jobs: Sequence[str], epoch: int | Non
     return "".join(parts) + "</svg>"
 
 
-def page(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], charts: Mapping[str, Curves],
-         jobs: Sequence[str], epoch: int | None, failed: Sequence[str]) -> str:
-    """The whole page: `rows` under `header`, failed jobs, the legend and one chart per entry of `charts`."""
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     esc = html.escape
-    table = ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
-             + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+    return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+
+
+def page(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], charts: Mapping[str, Curves],
+         jobs: Sequence[str], epoch: int | None, failed: Sequence[str], head: Section | None = None) -> str:
+    """The whole page: `head` first, `rows` under `header`, failed jobs, the legend and one chart per `charts`."""
+    esc = html.escape
+    table = _table(header, rows)
+    if head is not None:
+        table = (f'<h2>{esc(head.title)}</h2><div class="verdicts">{_table(head.header, head.rows)}</div>'
+                 + "".join(f"<p>{esc(note)}</p>" for note in head.notes) + f"<h2>Runs</h2>{table}")
     legend = "".join(f'<label style="color:{COLOURS[i % len(COLOURS)]}"><input type="checkbox" checked '
                      f'data-job="{esc(job, quote=True)}"> {esc(job)}</label> ' for i, job in enumerate(jobs))
     failures = ("<h2>Failed jobs</h2><ul>" + "".join(f"<li>{esc(f)}</li>" for f in failed) + "</ul>") if failed else ""

@@ -144,8 +144,8 @@ def gap(arm: str, baseline: str, values: Mapping[str, Mapping[Seed, float]],
                 if len(mine) >= 2 and len(base) >= 2 else None)
     common = dict(arm=arm, baseline=baseline, seeds=seeds, unpaired=unpaired, excluded=tuple(left_out))
     if len(diffs) < 2:
-        reason = (f"{len(diffs)} paired seed{'' if len(diffs) == 1 else 's'}: the seed-to-seed noise of the gap "
-                  "needs 2 or more; run both arms on the same seeds, e.g. seed=0,1,2")
+        reason = (f"only {len(diffs)} paired seed{'' if len(diffs) == 1 else 's'}, and the gap's seed-to-seed noise "
+                  "needs 2 or more: run both arms on the same seeds, e.g. seed=0,1,2")
         return Gap(**common, mean=diffs[0] if diffs else None, paired=None, verdict="undecided", reason=reason,
                    seeds_needed=None)
     paired = paired_interval(diffs)

@@ -1,0 +1,158 @@
+"""A sweep's runs as arms × seeds: each arm's gap to the baseline at the screening epoch, as a table and in MLflow.
+
+An arm is the runs whose names differ only in `seed=` (the sweep's keys other than the seed); runs of two arms that
+share a seed are paired (swinexp/tracking/verdict.py). Needs only each run's metric history, so it works for sweeps
+logged before the verdicts existed.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from swinexp.tracking.protocol import STOPPED_TAG
+from swinexp.tracking.verdict import MARGIN, METHOD, Gap, Seed, compare
+
+Curve = Mapping[int, float]  # epoch -> value
+
+
+def without_seed(name: str) -> str:
+    return " ".join(part for part in name.split() if not part.startswith("seed=")) or "(seed only)"
+
+
+def run_status(run: Run) -> str:
+    """MLflow's status, or 'screen @N' for a run that trainer.stop_after_epoch=N ended (FINISHED, resumable)."""
+    stopped = run.data.tags.get(STOPPED_TAG)
+    return f"screen @{stopped}" if stopped and run.info.status == "FINISHED" else run.info.status
+
+
+def seed_of(run: Run) -> Seed:
+    """The run's seed: from its name (a swept `seed=`), else its logged `seed` param (the sweep's fixed seed)."""
+    for part in run.info.run_name.split():
+        if part.startswith("seed="):
+            return part[len("seed="):]
+    return run.data.params.get("seed", "?")
+
+
+@dataclass(frozen=True)
+class Arms:
+    """The valid value of each arm's seeds at one epoch, and the seeds left out with why."""
+
+    values: dict[str, dict[Seed, float]]
+    excluded: dict[str, dict[Seed, str]]
+
+
+def arm_values(runs: Sequence[Run], curves: Sequence[Curve], metric: str, epoch: int) -> Arms:
+    """Group `runs` (with their `metric` curves) into arms; a seed counts if its run ended well and has `epoch`."""
+    values: dict[str, dict[Seed, float]] = {}
+    excluded: dict[str, dict[Seed, str]] = {}
+    for run, curve in zip(runs, curves):
+        arm, seed, status = without_seed(run.info.run_name), seed_of(run), run.info.status
+        values.setdefault(arm, {})
+        if status != "FINISHED":  # a failed, killed or still running job: its curve stops short of its schedule
+            excluded.setdefault(arm, {})[seed] = status
+        elif epoch not in curve:
+            last = f"its last is at epoch {max(curve)}" if curve else "it has none"
+            excluded.setdefault(arm, {})[seed] = f"has no {metric} at epoch {epoch} ({last})"
+        elif seed in values[arm]:
+            excluded.setdefault(arm, {})[seed] = f"ran twice ({run.info.run_name}); the first run counts"
+        else:
+            values[arm][seed] = curve[epoch]
+    return Arms(values, excluded)
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def _interval(gap: Gap, paired: bool) -> str:
+    found = gap.paired if paired else gap.unpaired
+    return f"[{_signed(found.lo)}, {_signed(found.hi)}]" if found else "—"
+
+
+VERDICT_HEADER = ("arm − baseline", "paired seeds", "mean gap", "95% interval, paired", "95% interval, unpaired",
+                  "verdict")
+
+
+def verdict_rows(gaps: Sequence[Gap]) -> list[list[str]]:
+    """One row of VERDICT_HEADER per gap."""
+    return [[f"{g.arm} − {g.baseline}", f"{len(g.seeds)} ({', '.join(g.seeds)})" if g.seeds else "0",
+             _signed(g.mean) if g.mean is not None else "—", _interval(g, True), _interval(g, False),
+             f"{g.verdict}: {g.reason}" if g.reason else g.verdict] for g in gaps]
+
+
+def verdict_title(metric: str, epoch: int, gaps: Sequence[Gap]) -> str:
+    return f"Verdicts: {metric} at epoch {epoch}, each arm against {gaps[0].baseline}"
+
+
+def left_out(gaps: Sequence[Gap]) -> list[str]:
+    """The seeds each comparison left out, once each."""
+    return list(dict.fromkeys(line for g in gaps for line in g.excluded))
+
+
+def verdict_markdown(gaps: Sequence[Gap], metric: str, epoch: int) -> str:
+    """The verdict table, the method under it and the seeds left out; '' with no second arm to compare."""
+    if not gaps:
+        return ""
+    lines = [f"## {verdict_title(metric, epoch, gaps)}", "", "| " + " | ".join(VERDICT_HEADER) + " |",
+             "|" + "---|" * len(VERDICT_HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in verdict_rows(gaps)]
+    lines += ["", METHOD]
+    if excluded := left_out(gaps):
+        lines += ["", "Left out (never averaged in): " + "; ".join(excluded)]
+    return "\n".join(lines) + "\n\n"
+
+
+def at_epoch_key(metric: str, epoch: int) -> str:
+    """'val/top1_at10': MLflow refuses '@' in a metric name."""
+    return f"{metric}_at{epoch}"
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^\w.\- /]", "_", text)  # the characters MLflow takes in a metric name
+
+
+def gap_keys(gaps: Sequence[Gap], epoch: int) -> dict[str, str]:
+    """arm -> 'o2-o0_at10' (the values of 'amp=o2' against 'amp=o0'), the stem of its `gap/` and `verdict/` names;
+    the whole arm names where values alone would collide."""
+    if not gaps:
+        return {}
+    names = [gaps[0].baseline, *(g.arm for g in gaps)]
+    labels = {name: _safe(" ".join(part.split("=", 1)[-1] for part in name.split())) for name in names}
+    if len(set(labels.values())) < len(names):
+        labels = {name: _safe(name) for name in names}
+    return {g.arm: f"{labels[g.arm]}-{labels[g.baseline]}_at{epoch}" for g in gaps}
+
+
+def log_verdicts(client: MlflowClient, parent_id: str, runs: Sequence[Run], curves: Sequence[Curve], metric: str,
+                 epoch: int, gaps: Sequence[Gap]) -> None:
+    """Each run's value at `epoch` as `<metric>_at<epoch>`; on the parent, `gap/<arm>-<baseline>_at<epoch>` (with
+    `_lo`/`_hi` where there is an interval) and a `verdict/...` tag per gap. A value already logged is not logged
+    again, so making the report twice leaves one point per metric."""
+    def log(run: Run, key: str, value: float) -> None:
+        if run.data.metrics.get(key) != value:
+            client.log_metric(run.info.run_id, key, value, step=epoch)
+
+    for run, curve in zip(runs, curves):
+        if epoch in curve:
+            log(run, at_epoch_key(metric, epoch), curve[epoch])
+    parent = client.get_run(parent_id)
+    for g, row in zip(gaps, verdict_rows(gaps)):
+        stem = gap_keys(gaps, epoch)[g.arm]
+        if g.mean is not None:
+            log(parent, f"gap/{stem}", g.mean)
+        if g.paired is not None:
+            log(parent, f"gap/{stem}_lo", g.paired.lo)
+            log(parent, f"gap/{stem}_hi", g.paired.hi)
+        interval = f" {_interval(g, True)}" if g.paired is not None else ""
+        client.set_tag(parent_id, f"verdict/{stem}", f"{row[-1]} (gap {row[2]}{interval}, paired seeds {row[1]})")
+
+
+def gaps_of(runs: Sequence[Run], curves: Sequence[Curve], metric: str, epoch: int, baseline: str | None = None,
+            margin: float = MARGIN) -> list[Gap]:
+    """Each arm of `runs` against `baseline` (default: the arm of the first run) at `epoch`."""
+    arms = arm_values(runs, curves, metric, epoch)
+    return compare(arms.values, baseline, arms.excluded, margin)
