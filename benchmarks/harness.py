@@ -11,6 +11,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from benchmarks.worker import IMPORT_ROOT
+from swinexp.amp import overflow
 from swinexp.build import (
     Plan,
     build_amp,
@@ -21,7 +22,7 @@ from swinexp.build import (
     total_batch_size,
 )
 from swinexp.config import CONF_DIR
-from swinexp.engine.step import StepOutput, TrainStep, make_train_step
+from swinexp.engine.step import StepOutput, TrainStep, train_step_with
 from swinexp.models.summary import summarize
 from swinexp.models.swin import SwinTransformer
 
@@ -50,8 +51,9 @@ def build_train_step(plan: Plan, model: nn.Cell, total_steps: int) -> TrainStep:
     model.set_train(True)
     batch = int(plan.get('data.batch_size'))
     optimizer, _ = build_optimization(plan, model, total_steps, total_batch_size(plan, batch))
-    return make_train_step(model, optimizer, amp, trainer.clip_grad, plan.hardware.mode == "graph",
-                           trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
+    hw = plan.hardware
+    return train_step_with(model, optimizer, amp, trainer, overflow.resolve(hw.overflow_check, hw.device_target,
+                                                                            hw.chip), hw.mode == "graph", hw.jit_level)
 
 
 def random_batch(plan: Plan, seed: int) -> tuple[Tensor, Tensor]:

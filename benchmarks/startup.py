@@ -3,7 +3,7 @@
     python -c "<overhead.STARTUP_CODE>" <this file> STEADY [overrides]
 
 It does what `python run.py <overrides>` does up to its first train step (compose, hardware.apply, the compile
-cache when hardware.compile_cache is on, build_experiment, make_train_step as `fit` calls it, the first batch),
+cache when hardware.compile_cache is on, build_experiment, the train step as `fit` builds it, the first batch),
 then STEADY more steps with their data, and prints one JSON line: the wall-clock stamp (time.time()) at the end of
 each phase, the steady step times and the batches of a full epoch.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from benchmarks.harness import build_experiment, compose, configure_device
 from swinexp.data import Loader
-from swinexp.engine.step import make_train_step
+from swinexp.engine.step import train_step_for
 from swinexp.runtime import compile_cache
 from swinexp.tracking import NullTracker
 
@@ -39,13 +39,11 @@ def main(started: float, argv: Sequence[str] | None = None) -> None:
     plan = compose(overrides)
     composed = time.time()
     hw = plan.hardware
-    configure_device(plan)
+    plan = configure_device(plan)
     compile_cache.enable(plan)  # as train.main: a sweep job's start-up from the graphs an earlier job compiled
     exp = build_experiment(plan, NullTracker())
     built = time.time()
-    trainer = exp.trainer
-    step = make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, hw.mode == "graph",
-                           trainer.accumulation_steps, trainer.accumulate_on, trainer.ema.decay)
+    step = train_step_for(exp, hw.mode == "graph")  # the loop's own factory
     batches = _batches(exp.train_loader)
     graph = step.next_compile()
     first_step_work = compile_cache.compiling(graph) if graph else "no compile"  # before the call: what it does

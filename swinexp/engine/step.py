@@ -24,7 +24,7 @@ from mindspore.amp import DynamicLossScaler
 
 from swinexp.amp import AmpPolicy, overflow
 from swinexp.amp.overflow import FiniteCheck
-from swinexp.config import ACCUMULATE_ON
+from swinexp.config import ACCUMULATE_ON, TrainerCfg
 from swinexp.engine.experiment import Experiment
 from swinexp.models.randomness import RandomSites, draw, philox_key
 from swinexp.registry import ConfigError
@@ -457,15 +457,22 @@ def make_train_step(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, cli
 
 
 def train_step_for(exp: Experiment, jit: bool, distributed: bool = False, rank: int = 0) -> TrainStep:
-    """The train step of `exp` exactly as `fit` runs it — the overflow check resolved for the card, EMA,
-    accumulation and its placement, clipping — for the loop, the self-check and the benchmarks alike.
+    """The train step of `exp` exactly as `fit` runs it, for the loop and the self-check (see `train_step_with`).
 
     Args:
         jit: compile the step (hardware.mode=graph).
         distributed: under msrun (data parallel); `rank` is this worker's.
     """
-    trainer = exp.trainer
-    return make_train_step(exp.model, exp.optimizer, exp.amp, trainer.clip_grad, jit, trainer.accumulation_steps,
+    return train_step_with(exp.model, exp.optimizer, exp.amp, exp.trainer, exp.overflow_check, jit,
+                           exp.plan.hardware.jit_level if exp.plan is not None else None, distributed, rank)
+
+
+def train_step_with(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, trainer: TrainerCfg,
+                    overflow_check: str, jit: bool, jit_level: str | None = None, distributed: bool = False,
+                    rank: int = 0) -> TrainStep:
+    """The one factory of the train step as a run uses it — the overflow check resolved for the card
+    (`amp.overflow.resolve`), EMA, accumulation and its placement, clipping, the jit level — for the loop, the
+    self-check and the benchmarks (whose peers' models are no Experiment) alike."""
+    return make_train_step(model, optimizer, amp, trainer.clip_grad, jit, trainer.accumulation_steps,
                            trainer.accumulate_on, trainer.ema.decay, distributed,
-                           overflow_check=overflow.make(exp.overflow_check), rank=rank,
-                           jit_level=exp.plan.hardware.jit_level if exp.plan is not None else None)
+                           overflow_check=overflow.make(overflow_check), rank=rank, jit_level=jit_level)
