@@ -188,3 +188,33 @@ def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_pa
     continued = client.get_run(child.info.run_id)
     assert continued.info.status == "FINISHED" and "stopped_after_epoch" not in continued.data.tags
     assert [m.step for m in client.get_metric_history(child.info.run_id, "val/top1")] == [1, 2]
+
+
+def test_paired_sweep_logs_each_jobs_screening_value_and_the_parents_gaps(tmp_path: Path) -> None:
+    # 2 arms x 2 seeds on one process (basic launcher: the cheapest real sweep); epoch 1 is the screening epoch
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = _run("-m", "optimizer.lr=1e-3,3e-3", "seed=1,2", "hydra/launcher=basic", "trainer.epochs=1",
+               *[o for o in _smoke(tmp_path / "data") if o != "trainer.epochs=2"], "amp=o0", "tracking=mlflow",
+               f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'multirun'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    jobs = {r.info.run_name: r for r in runs if r is not parent}
+    assert sorted(jobs) == ["optimizer.lr=0.001 seed=1", "optimizer.lr=0.001 seed=2", "optimizer.lr=0.003 seed=1",
+                            "optimizer.lr=0.003 seed=2"]
+    for job in jobs.values():  # the value at the screening epoch, under its own name
+        assert job.data.metrics["val/top1_at1"] == client.get_metric_history(job.info.run_id, "val/top1")[0].value
+    gap = {k: v for k, v in parent.data.metrics.items() if k.startswith("gap/")}
+    assert sorted(gap) == ["gap/0.003-0.001_at1", "gap/0.003-0.001_at1_hi", "gap/0.003-0.001_at1_lo"]
+    top1 = {name: job.data.metrics["val/top1_at1"] for name, job in jobs.items()}
+    paired = [top1[f"optimizer.lr=0.003 seed={s}"] - top1[f"optimizer.lr=0.001 seed={s}"] for s in (1, 2)]
+    assert gap["gap/0.003-0.001_at1"] == pytest.approx(sum(paired) / 2)
+    assert gap["gap/0.003-0.001_at1_lo"] <= gap["gap/0.003-0.001_at1"] <= gap["gap/0.003-0.001_at1_hi"]
+    assert parent.data.tags["verdict/0.003-0.001_at1"].split(" (gap ")[0].split(":")[0] in (
+        "real", "equal within ±0.5", "undecided")
+    # the report the sweep printed opens with the verdict, before the runs' table
+    assert out.stdout.index("## Verdicts: val/top1 at epoch 1, each arm against optimizer.lr=0.001") \
+        < out.stdout.index("| run |"), out.stdout
+    assert "| optimizer.lr=0.003 − optimizer.lr=0.001 | 2 (1, 2) | " in out.stdout
