@@ -1,4 +1,4 @@
-"""hardware.compile_cache: a job of an already compiled configuration loads its graphs and trains exactly as a cold
+"""hardware.compile_cache: a job of an already compiled configuration loads its graphs and trains bit for bit as a cold
 compile does; the cache directory is keyed by what shapes the graphs, and a shared directory is never written to."""
 from __future__ import annotations
 
@@ -13,31 +13,66 @@ from functools import partial
 from pathlib import Path
 
 import mindspore as ms
+import numpy as np
 import pytest
 
 from swinexp.build import resolve
+from swinexp.engine import checkpoint
+from swinexp.engine.resume import saved_run_id
 from swinexp.registry import ConfigError
 from swinexp.runtime import compile_cache
 from tests.conftest import ROOT, SMOKE
 
 # every figure of an epoch line except its wall time and throughput
 EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ +(train/loss .*?) +\d+\.\d+ s +[\d.]+ img/s")
+WALL_CLOCK = ("epoch_time_s", "train/images_per_s")  # metrics that time the run: the only ones a cache may change
 
 
-def _train(tmp_path: Path, data_root: Path, name: str, *extra: str) -> tuple[list[tuple[str, str]], str]:
+def _train(tmp_path: Path, data_root: Path, name: str, *extra: str,
+           env: dict[str, str] | None = None) -> tuple[list[tuple[str, str]], str]:
     """Train the smoke config in a fresh process; (per-epoch figures, its output: log and MindSpore's warnings)."""
     cmd = [sys.executable, str(ROOT / "run.py"), *SMOKE, f"data.root={data_root}",
            f"hydra.run.dir={tmp_path / name}", *extra]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=tmp_path)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=tmp_path,
+                          env=env)
     assert done.returncode == 0, done.stdout[-3000:]
     return EPOCH_LINE.findall(done.stdout), done.stdout
 
 
+def _run_record(run_dir: Path, store: str) -> tuple[dict[str, list[tuple[int, float]]], dict[str, np.ndarray]]:
+    """What a run left: every metric point it logged to MLflow at full precision (wall-clock ones aside), and every
+    tensor of its last checkpoint (weights and optimizer state)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    run_id = saved_run_id(run_dir)
+    assert run_id, f"{run_dir} holds no MLflow run id"
+    points = {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+              for key in client.get_run(run_id).data.metrics if key not in WALL_CLOCK}
+    tensors = {k: v.asnumpy() for k, v in checkpoint.read(run_dir / "checkpoints" / "last.ckpt").items()
+               if isinstance(v, (ms.Parameter, ms.Tensor))}
+    return points, tensors
+
+
+def _assert_bit_equal(got: tuple[dict, dict[str, np.ndarray]], want: tuple[dict, dict[str, np.ndarray]]) -> None:
+    (got_points, got_tensors), (want_points, want_tensors) = got, want
+    assert "step/train/loss" in want_points and len(want_points["step/train/loss"]) == 6  # 2 epochs x 3 steps
+    assert got_points == want_points  # floats compared exactly: every loss, accuracy, grad norm and lr
+    assert len(want_tensors) > 50 and got_tensors.keys() == want_tensors.keys()
+    differing = [k for k in want_tensors if got_tensors[k].tobytes() != want_tensors[k].tobytes()]
+    assert not differing, f"{len(differing)} checkpoint tensors differ, e.g. {differing[:5]}"
+
+
 @pytest.mark.slow
 def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic_root: Path) -> None:
-    cache = tmp_path / "cache"
+    # GLOG_v=3 (errors only) is a common way to quiet MindSpore: it also hides MindSpore's own word that it used the
+    # cache, so what says the cache was used is swinexp's, read from the cache's files (compile_cache._stamps)
+    env = {**os.environ, "GLOG_v": "3"}
+    cache, store = tmp_path / "cache", f"sqlite:///{tmp_path / 'mlflow.db'}"
     on = ["hardware.compile_cache=true", f"hardware.compile_cache_dir={cache}", "trainer.progress_bar=true"]
-    _, first_log = _train(tmp_path, synthetic_root, "first", *on)  # compiles, publishes on exit
+    tracked = ["tracking=mlflow", f"tracking.uri={store}", "tracking.log_every_n_steps=1",
+               "tracking.system_metrics=false", "tracking.log_checkpoints=none"]
+    _, first_log = _train(tmp_path, synthetic_root, "first", *on, env=env)  # compiles, publishes on exit
     assert "no compiled graphs of this configuration" in first_log
     # the bars say what the host waits for, once per graph: the first epoch compiles, the second does not
     assert first_log.count("compiling the train step") >= 1 and "compiling the eval step" in first_log
@@ -46,12 +81,31 @@ def test_a_cached_job_trains_exactly_as_a_cold_compile(tmp_path: Path, synthetic
     assert not published.name.startswith(".") and list(published.rglob("*.mindir"))
     # another seed: host-only (its draws are inputs of the step), so the same graphs; their results must be
     # those of a cold compile of that seed (MindSpore's own cache ran uninitialized weights: NaN losses)
-    cached, cached_log = _train(tmp_path, synthetic_root, "cached", *on, "seed=7")
-    cold, _ = _train(tmp_path, synthetic_root, "cold", "seed=7", "hardware.compile_cache=false")
-    assert "loading the compiled graphs" in cached_log and "Use the compilation cache" in cached_log
-    assert "loading the train step from the compile cache" in cached_log and "compiling" not in cached_log
-    assert len(cold) == 2 and cached == cold
+    _, cached_log = _train(tmp_path, synthetic_root, "cached", *on, *tracked, "seed=7", env=env)
+    _train(tmp_path, synthetic_root, "cold", *tracked, "seed=7", "hardware.compile_cache=false", env=env)
+    assert "loading the compiled graphs" in cached_log and "compiling" not in cached_log
+    assert "loading the train step from the compile cache" in cached_log
+    for graph in ("the train step", "the eval step"):  # MindSpore wrote no file for them: it loaded, not compiled
+        assert f"hardware.compile_cache: {graph} loaded from the cache, not compiled" in cached_log, cached_log[-3000:]
+    assert "instead of loading it" not in cached_log
+    _assert_bit_equal(_run_record(tmp_path / "cached", store), _run_record(tmp_path / "cold", store))
     assert [p.name for p in cache.iterdir()] == [published.name]  # the loading job wrote nothing into the cache
+
+
+@pytest.mark.slow
+def test_a_graph_mindspore_compiles_again_is_not_reported_as_loaded(tmp_path: Path, synthetic_root: Path) -> None:
+    # the guard on the test above: a cache whose dependency hash no longer matches (another MindSpore build) is
+    # one MindSpore quietly compiles anew under GLOG_v=3; swinexp must not call that a load
+    env = {**os.environ, "GLOG_v": "3"}
+    cache = tmp_path / "cache"
+    on = ["hardware.compile_cache=true", f"hardware.compile_cache_dir={cache}"]
+    _train(tmp_path, synthetic_root, "first", *on, env=env)
+    (hashed,) = cache.glob("*/rank_0/graph_cache/compile_dependency.hash")
+    hashed.write_text("0" * 64)
+    _, log_text = _train(tmp_path, synthetic_root, "again", *on, env=env)
+    assert "loading the compiled graphs" in log_text  # swinexp meant to load...
+    assert "MindSpore compiled the train step instead of loading it" in log_text  # ...and says it did not
+    assert "loaded from the cache, not compiled" not in log_text
 
 
 @pytest.mark.slow

@@ -101,6 +101,7 @@ class _Session:
     private: Path
     held: list[str] | None  # the graphs the shared cache holds, in order; None: there was none to load
     cached: list[str] = field(default_factory=list)  # the graphs this process compiled or loaded with the cache
+    loaded: list[str] = field(default_factory=list)  # of those, the ones MindSpore loaded (wrote no file for)
     max_bytes: int = 2 * 2**30  # hardware.compile_cache_max_gb
     active: bool = True   # False once this process's first job ended
     broken: bool = False  # a graph came where the cache holds another: the rest compiles without the cache
@@ -137,12 +138,28 @@ def first_call(graph: str | None) -> Iterator[None]:
                     s.held[place] if place < len(s.held) else "nothing")
         yield
         return
+    before = _stamps(s.private) if s.held is not None else None
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
     try:
         yield
     finally:
         os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"
     s.cached.append(graph)
+    if before is None:
+        return
+    if _stamps(s.private) == before:
+        s.loaded.append(graph)
+        log.info("hardware.compile_cache: %s loaded from the cache, not compiled", graph)
+    else:  # MindSpore's own check of the cached graph failed (another build, a changed file): it compiled anew
+        log.warning("hardware.compile_cache: MindSpore compiled %s instead of loading it from %s; the run is right, "
+                    "only its start is slower. If this repeats, delete that directory", graph, s.shared)
+
+
+def _stamps(private: Path) -> dict[str, tuple[int, int]]:
+    """(mtime, size) of each file in `private`: MindSpore writes a graph's file when it compiles the graph, and
+    leaves it untouched when it loads it, whatever its log level (GLOG_v) lets it say."""
+    return {str(f.relative_to(private)): (f.stat().st_mtime_ns, f.stat().st_size)
+            for f in private.rglob("*") if f.is_file()}
 
 
 def enable(plan: Plan) -> Path | None:
