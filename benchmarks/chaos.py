@@ -3,7 +3,8 @@ an uninterrupted run of the same config: the final checkpoint's tensors byte for
 
 Each kill hits a phase on purpose (`swinexp.runtime.phases`): the process is started with
 `debug.park_at=<phase>:<n>`, stops at the n-th such moment (n drawn at random, `--seed`) and is SIGKILLed there
-from outside; phases are drawn in shuffled rounds, so every 4 kills hit each phase once. Then the same command
+from outside; phases are drawn in shuffled rounds, so every 4 kills hit each phase once (a test passes its own
+plan of moments instead, `run(..., plan=)`). Then the same command
 runs again in the same run dir (trainer.resume=auto) and is killed again, until the last run finishes.
 Wall-clock metrics (`epoch_time_s`, `train/images_per_s`) are counted but their values not compared.
 """
@@ -130,6 +131,9 @@ def compare(reference: Path, chaos: Path, store_uri: str) -> dict[str, float]:
     ref_points = _metric_points(client, saved_run_id(reference))
     chaos_run = client.get_run(saved_run_id(chaos))
     points = _metric_points(client, chaos_run.info.run_id)
+    # an epoch's metrics, logged once by the run that trained it or by the resume that found them missing
+    epochs = [step for step, _ in ref_points.get("val/top1", [])]
+    chaos_epochs = [step for step, _ in points.get("val/top1", [])]
     lost = duplicated = changed = 0
     for key, ref in ref_points.items():
         values: dict[int, list[float]] = {}
@@ -149,16 +153,24 @@ def compare(reference: Path, chaos: Path, store_uri: str) -> dict[str, float]:
             "bytes_lost": float(sum(want[k].nbytes for k in differing)),
             "metric_points": float(sum(len(v) for v in ref_points.values())),
             "metric_points_lost": float(lost), "metric_points_duplicated": float(duplicated),
-            "metric_values_changed": float(changed),
+            "metric_values_changed": float(changed), "epochs": float(len(epochs)),
+            "epochs_logged_once": float(sum(chaos_epochs.count(step) == 1 for step in epochs)),
             "mlflow_runs": float(len(client.search_runs([experiment]))),
             "chaos_run_finished": float(chaos_run.info.status == "FINISHED")}
 
 
-def run(opts: Options) -> BenchResult:
-    """The `chaos` sub-benchmark: `opts.kills` SIGKILLs, `opts.seed` draws their moments."""
-    rng = random.Random(opts.seed)
-    plan = _plan(opts.kills, rng)
-    epochs = opts.kills + 2  # each kill lands within about one epoch of where the last one resumed
+def run(opts: Options, plan: list[tuple[str, int]] | None = None) -> BenchResult:
+    """The `chaos` sub-benchmark: `opts.kills` SIGKILLs, `opts.seed` draws their moments.
+
+    Args:
+        plan: the moments instead, (phase, n) per kill in order: each kill parks at the n-th mark of that phase in
+            the process it kills (the count starts again in each resumed process).
+    """
+    drawn = f"seed {opts.seed}" if plan is None else "moments " + " ".join(f"{p}:{n}" for p, n in plan)
+    plan = _plan(opts.kills, random.Random(opts.seed)) if plan is None else plan
+    if unknown := [phase for phase, _ in plan if phase not in PHASES]:
+        raise ValueError(f"chaos plan names {unknown}, not phases; choose from {', '.join(PHASES)}")
+    epochs = len(plan) + 2  # each kill lands within about one epoch of where the last one resumed
     with tempfile.TemporaryDirectory(prefix="swinexp-chaos-") as tmp:
         work = Path(tmp)
         reference, chaos = work / "reference", work / "chaos"
@@ -189,8 +201,10 @@ def run(opts: Options) -> BenchResult:
             ("metric points compared", f"{figures['metric_points']:.0f}"),
             ("metric points lost", f"{figures['metric_points_lost']:.0f}"),
             ("metric points duplicated", f"{figures['metric_points_duplicated']:.0f}"),
-            ("metric values different (wall-clock keys not compared)", f"{figures['metric_values_changed']:.0f}")]
-    table = Table(f"chaos: {opts.kills} SIGKILLs (seed {opts.seed}) into swin_micro, {epochs} epochs x "
+            ("metric values different (wall-clock keys not compared)", f"{figures['metric_values_changed']:.0f}"),
+            ("epochs whose metrics the chaos run logged exactly once",
+             f"{figures['epochs_logged_once']:.0f} of {figures['epochs']:.0f}")]
+    table = Table(f"chaos: {len(plan)} SIGKILLs ({drawn}) into swin_micro, {epochs} epochs x "
                   f"{STEPS_PER_EPOCH} steps, checkpoint every {CHECKPOINT_EVERY} steps, deterministic, stochastic "
                   "depth on (its drop_path 0.1), sqlite MLflow",
                   ("", "value"), tuple(rows),
