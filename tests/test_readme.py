@@ -78,3 +78,77 @@ def test_readme_command_composes_and_its_model_fits_its_data(command: str) -> No
         problem = _resolution_problem(model["img_size"], model["patch_size"], model["window_size"],
                                       len(model["depths"]))
         assert problem is None, f"{command}: model {model['name']} at data.img_size={data['img_size']}: {problem}"
+
+
+RUN_OVERRIDE_MODULES = {"swinexp.app.selfcheck", "swinexp.parity"}  # they take run.py's overrides
+
+
+def readme_module_commands() -> list[str]:
+    """The `python -m swinexp...` and `swinexp ...` lines of the README's bash blocks and inline `code`."""
+    text = README.read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.split(" #")[0].strip()
+            if line.startswith(("python -m swinexp", "swinexp ")):
+                commands.append(line)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    commands += [" ".join(c.split()) for c in re.findall(r"`((?:python -m swinexp|swinexp )[^`]*)`", prose)]
+    return [c for c in dict.fromkeys(commands) if not PLACEHOLDER.search(c)]
+
+
+def _module_and_args(command: str) -> tuple[str, list[str]]:
+    words = shlex.split(command)
+    if words[0] == "swinexp":
+        return "swinexp", words[1:]
+    return words[2], words[3:]
+
+
+HYDRA_FLAGS = {"-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path", "--cfg", "--help", "-h",
+               "--info", "-c"}  # flags of the Hydra app itself (`swinexp --help` lists them)
+
+
+def _help_text(module: str, capsys: pytest.CaptureFixture[str], subcommand: list[str]) -> str:
+    """What `python -m <module> [subcommand] --help` prints, run in this process (argparse exits 0)."""
+    import runpy
+    import sys
+
+    argv = sys.argv
+    sys.argv = [module, *subcommand, "--help"]
+    try:
+        with pytest.raises(SystemExit) as done:
+            runpy.run_module(module, run_name="__main__", alter_sys=False)
+    finally:
+        sys.argv = argv
+    assert done.value.code in (0, None), f"python -m {module} --help exited {done.value.code}"
+    return capsys.readouterr().out
+
+
+def test_the_readme_has_module_commands() -> None:
+    modules = {_module_and_args(c)[0] for c in readme_module_commands()}
+    assert {"swinexp.app.selfcheck", "swinexp.parity", "swinexp.tracking.report", "swinexp.serve.predict"} <= modules
+
+
+@pytest.mark.parametrize("command", readme_module_commands())
+def test_readme_module_command_is_understood_as_written(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The module exists and answers --help; every option the line uses is one it lists; run.py's overrides of the
+    tools that take them compose."""
+    module, args = _module_and_args(command)
+    if module in ("swinexp", "swinexp.__main__"):  # the same command as run.py
+        flags = [a for a in args if a.startswith("-") and a not in FLAGS]
+        assert set(flags) <= HYDRA_FLAGS, f"{command}: {set(flags) - HYDRA_FLAGS} is no flag of the Hydra app"
+        if flags:  # another config dir or name, --help, --cfg: Hydra's own handling, nothing of ours to compose
+            return
+        for job in _jobs(args):
+            with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+                compose_cfg("config", overrides=job)
+        return
+    subcommand = args[:1] if module == "swinexp.tracking" and args and not args[0].startswith("-") else []
+    args = args[len(subcommand):]  # `python -m swinexp.tracking sync ...`
+    text = _help_text(module, capsys, subcommand)
+    options = [a.split("=")[0] for a in args if a.startswith("--")]
+    assert all(o in text for o in options), f"{command}: {[o for o in options if o not in text]} not in its --help"
+    if module in RUN_OVERRIDE_MODULES:
+        overrides = [a for a in args if "=" in a and not a.startswith("-")]
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            compose_cfg("config", overrides=overrides)
