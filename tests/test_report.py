@@ -173,3 +173,23 @@ def test_report_opens_with_paired_verdicts_leaves_out_failed_seeds_and_logs_gaps
     assert "| run |" in other  # the baseline changes the verdicts only
     with pytest.raises(SystemExit, match="baseline 'amp=o9' is not an arm of this sweep; choose one of: amp=o0"):
         main(["--tracking-uri", uri, "--experiment", "e", "--sweep", parent, "--baseline", "amp=o9"])
+
+
+def _pixels_near(img: Image.Image, rgb: tuple[int, int, int], tolerance: int = 3) -> int:
+    return sum(1 for p in img.convert("RGB").getdata() if all(abs(a - b) <= tolerance for a, b in zip(p, rgb)))
+
+
+def test_curves_draw_each_arms_mean_with_its_min_max_band_over_seeds(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    parent = client.create_run(exp, run_name="sweep amp=o0,o2 seed=1,2", tags={"sweep.role": "parent"}).info.run_id
+    _child(client, exp, parent, 0, "amp=o0 seed=1", [10.0, 20.0, 30.0])
+    _child(client, exp, parent, 1, "amp=o0 seed=2", [16.0, 28.0, 36.0])
+    _child(client, exp, parent, 2, "amp=o2 seed=1", [40.0, 50.0, 60.0])
+    _child(client, exp, parent, 3, "amp=o2 seed=2", [48.0, 58.0, 66.0])
+    sweep_report(uri, "e", parent, epoch=3, out=tmp_path / "out")
+    with Image.open(tmp_path / "out" / "curves.png") as img:
+        # each band is its arm's colour (matplotlib's tab10 blue, orange) at alpha 0.25 over white
+        blue_band, orange_band = _pixels_near(img, (199, 221, 236)), _pixels_near(img, (255, 223, 195))
+    assert blue_band > 2000 and orange_band > 2000, (blue_band, orange_band)

@@ -13,6 +13,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import cycle
 from pathlib import Path
 
 from mlflow.entities import Run
@@ -150,18 +151,36 @@ def write_csv(rows: list[Row], path: Path) -> None:
 
 
 def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: str, path: Path) -> None:
-    """One line per run: metric against epoch, with the compared epoch marked."""
+    """One line per arm (runs that differ only in seed): the mean over its finished seeds with their min–max band;
+    a run that did not finish is drawn on its own, dashed, and kept out of its arm's mean and band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    arms: dict[str, list[dict[int, float]]] = {}
     for run in runs:
-        curve = sorted(history(client, run, metric).items())
-        if curve:
-            ax.plot([s for s, _ in curve], [v for _, v in curve], marker="o", ms=3, label=run.info.run_name)
+        arms.setdefault(without_seed(run.info.run_name), [])
+    for colour, arm in zip(cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"]), arms):
+        members = [r for r in runs if without_seed(r.info.run_name) == arm]
+        curves = [history(client, r, metric) for r in members if r.info.status == "FINISHED"]
+        epochs = sorted({e for c in curves for e in c})
+        per_epoch = [[c[e] for c in curves if e in c] for e in epochs]
+        if epochs:
+            label = arm if len(curves) == 1 else f"{arm} (mean of {len(curves)} seeds, min–max band)"
+            ax.plot(epochs, [sum(v) / len(v) for v in per_epoch], marker="o", ms=3, color=colour, label=label)
+            if len(curves) > 1:
+                ax.fill_between(epochs, [min(v) for v in per_epoch], [max(v) for v in per_epoch], color=colour,
+                                alpha=0.25, lw=0)
+        for run in (r for r in members if r.info.status != "FINISHED"):
+            curve = sorted(history(client, run, metric).items())
+            if curve:
+                ax.plot([e for e, _ in curve], [v for _, v in curve], ls="--", lw=1, color=colour,
+                        label=f"{run.info.run_name} ({run.info.status})")
     ax.axvline(epoch, color="grey", ls=":", lw=1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="epoch", ylabel=metric, title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -205,7 +224,8 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
                  baseline: str | None = None, margin: float = MARGIN) -> Report:
     """Compare the jobs of sweep `parent_run_id` at `epoch` and log the report to the parent run.
 
-    Writes report.md, report.csv, curves.png (`metric` against epoch, a line per job, `epoch` marked) and
+    Writes report.md, report.csv, curves.png (`metric` against epoch, each arm's mean over its seeds with their
+    min–max band, `epoch` marked) and
     report.html (the table and the `metric` and train/loss curves, self-contained) into `out` and the parent's
     `report/` artifacts, and stores the sweep's view in the experiment (see `swinexp.tracking.ui`). Runs that
     differ only in `seed=` share a row, as mean ± std, and form an arm: the report and its page open with each
