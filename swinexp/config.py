@@ -178,8 +178,17 @@ def read(cfg: Composed) -> Plan:
     except Exception as err:  # omegaconf's MissingMandatoryValue / InterpolationResolutionError name the key
         key = getattr(err, "full_key", "") or "<key>"
         raise ConfigError(f"{err}. Set it on the command line, e.g. {key}=...") from err
+    _data_size_from_model(values)
     return Plan(freeze(values), _typed(TrainerCfg, values.get("trainer") or {}),
                 _typed(HardwareCfg, values.get("hardware") or {}), MappingProxyType(_followed_keys(cfg)))
+
+
+def _data_size_from_model(values: dict[str, Any]) -> None:
+    """`data.img_size: null` is the model's native resolution (`model.img_size`, which follows data.img_size only
+    when that is set): `python run.py model=swin_tiny` draws and trains at 224 px without another key."""
+    data, model = values.get("data"), values.get("model")
+    if isinstance(data, dict) and isinstance(model, dict) and "img_size" in data and data["img_size"] is None:
+        data["img_size"] = model.get("img_size")
 
 
 def _followed_keys(cfg: Composed) -> dict[str, str]:

@@ -162,3 +162,21 @@ def test_bad_group_option_lists_the_available_options(compose: Callable[..., Dic
 def test_inconsistent_head_and_data_is_rejected(compose: Callable[..., DictConfig]) -> None:
     with pytest.raises(ConfigError, match="model.num_classes=7 but data 'synthetic' has 10 classes"):
         build_experiment(resolve(compose("model.num_classes=7")))
+
+
+@pytest.mark.parametrize("model,native", [("swin_micro", 64), ("swin_tiny", 224), ("swin_base", 224),
+                                          ("swin_base_384", 384)])
+def test_the_model_decides_the_resolution_unless_the_data_sets_it(compose: Callable[..., DictConfig], model: str,
+                                                                   native: int) -> None:
+    """`python run.py model=swin_tiny` trains at 224 px (the embedded data drawn at that size) without another key;
+    an explicit data.img_size is what the model follows."""
+    plan = read(compose(f"model={model}", smoke=False))
+    assert plan.get("data.img_size") == plan.get("model.img_size") == native
+    plan = read(compose(f"model={model}", "data.img_size=448", smoke=False))
+    assert plan.get("data.img_size") == plan.get("model.img_size") == 448
+    assert plan.follows["model.img_size"] == "data.img_size"  # an error about it names the key to change
+
+
+def test_the_mission_command_resolves_at_the_models_resolution(compose: Callable[..., DictConfig]) -> None:
+    plan = resolve(compose("model=swin_tiny", "amp=o1_manual", "hardware=ascend8", smoke=False), backend=False)
+    assert (plan.get("model.img_size"), plan.get("data.img_size"), plan.hardware.num_devices) == (224, 224, 8)

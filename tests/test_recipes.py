@@ -39,8 +39,9 @@ def test_preset_is_the_official_in1k_recipe(compose: Callable[..., DictConfig], 
     assert (cfg.model.name, cfg.model.drop_path_rate) == (model, drop_path)
     assert (cfg.trainer.epochs, cfg.trainer.clip_grad, cfg.trainer.lr_batch_size) == (300, 5.0, 512)
     assert cfg.trainer.stop_after_epoch is None and cfg.trainer.label_smoothing == 0.1
-    assert (cfg.data.name, cfg.data.batch_size, cfg.data.img_size, cfg.data.augment.name) == ("imagenet", 128, 224,
-                                                                                             "swin")
+    plan = read(cfg)  # data.img_size: null = the model's native 224 px
+    assert (plan.get("data.name"), plan.get("data.batch_size"), plan.get("data.img_size"),
+            plan.get("data.augment.name"), plan.get("model.img_size")) == ("imagenet", 128, 224, "swin", 224)
     assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.scheduler.warmup_epochs) == ("adamw_swin", 5e-4, 20)
     screen = compose(f"experiment={preset}", "data.root=/data/imagenet", "trainer.stop_after_epoch=10", smoke=False)
     assert read(screen).trainer.stop_after_epoch == 10 and read(screen).trainer.epochs == 300

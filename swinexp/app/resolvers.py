@@ -21,7 +21,7 @@ def register_resolvers() -> None:
     `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default; `${swinexp.min:a,b}`, e.g. a
     screen that stops at epoch 10 or at the end of a shorter run; `${swinexp.modelarts:node_rank,0}`: ModelArts'
     values (runtime/modelarts.py), else the default; `${swinexp.under:root,path}`: root/path, or path if root is
-    null."""
+    null; `${swinexp.or:value,default}`: value, or default where it is null."""
     if not OmegaConf.has_resolver("swinexp.help_groups"):
         OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
     if not OmegaConf.has_resolver("swinexp.floordiv"):
@@ -33,6 +33,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("swinexp.min", lambda a, b: min(int(a), int(b)))
     if not OmegaConf.has_resolver("swinexp.modelarts"):  # hardware=modelarts_ascend8: the platform's values
         OmegaConf.register_new_resolver("swinexp.modelarts", modelarts.value)
+    if not OmegaConf.has_resolver("swinexp.or"):  # a model's native size unless data.img_size is set
+        OmegaConf.register_new_resolver("swinexp.or", lambda value, default: default if value is None else value)
     if not OmegaConf.has_resolver("swinexp.under"):  # hydra.run.dir below hardware.shared_dir when it is set
         OmegaConf.register_new_resolver("swinexp.under", lambda root, path: f"{root}/{path}" if root else path)
 
