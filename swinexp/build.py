@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import mindspore as ms
@@ -154,7 +155,8 @@ def configure_device(plan: Plan, one_process: bool = False) -> Plan:
         The plan with `hardware.chip` the card's (Ascend): build from this one.
     """
     hw = replace(plan.hardware, num_devices=1, num_nodes=1) if one_process else plan.hardware
-    hw = hardware.apply(hw, plan.seed, plan.trainer.deterministic, AMP_POLICIES.build(plan.section("amp")))
+    policy = AMP_POLICIES.build(plan.section("amp"))
+    hw = hardware.apply(hw, plan.seed, plan.trainer.deterministic, partial(amp_precision.resolve, policy))
     return _with_card(plan, hw)
 
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from swinexp.amp import AmpPolicy, overflow, precision
 from swinexp.amp.overflow import FiniteCheck, SaturatingDevice
+from swinexp.amp.precision import Precision
 from swinexp.app.job import run
 from swinexp.app.job_info import JobInfo
 from swinexp.build import build_amp, resolve
@@ -23,7 +24,7 @@ from swinexp.config import HardwareCfg
 from swinexp.engine.step import TrainStep, make_train_step, read_all
 from swinexp.registry import AMP_POLICIES, ConfigError
 from swinexp.runtime import hardware, simulated_ascend
-from swinexp.runtime.chips import CHIPS
+from swinexp.runtime.chips import CHIPS, Chip
 from tests.conftest import CONF_DIR
 from tests.test_cluster_launch import _table
 from tests.test_recipes import _folder
@@ -139,11 +140,13 @@ OVERRIDES = ("amp=o2", "amp.ascend_precision_mode=allow_mix_precision", "trainer
 
 @pytest.fixture
 def device_setups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool, str]]:
-    """What each hardware.apply call was given: (devices, deterministic, Ascend precision mode)."""
+    """What each hardware.apply call was given: (devices, deterministic, Ascend precision mode on a 910B)."""
     seen: list[tuple[int, bool, str]] = []
 
-    def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, policy: AmpPolicy | None = None) -> HardwareCfg:
-        seen.append((hw.num_devices, deterministic, policy.ascend_precision_mode if policy else "?"))
+    def apply(hw: HardwareCfg, seed: int, deterministic: bool = False,
+              precision: Callable[[Chip | None], Precision] | None = None) -> HardwareCfg:
+        mode = precision(CHIPS["ascend910b"]).precision_mode if precision else "?"  # the policy's, on a 910B
+        seen.append((hw.num_devices, deterministic, mode))
         return hw
 
     monkeypatch.setattr(hardware, "apply", apply)

@@ -1,11 +1,13 @@
 """The layout holds: config -> plan -> build -> engine -> tracking, read from the code's own imports (lazy ones too).
 
 Hydra and OmegaConf stay at the door (`swinexp/app/`, and `config.py`, which turns a composed config into a Plan);
-no room imports one above it; no two modules import each other, directly or round a longer loop.
+no room imports one above it in README.md's layout list (read from there, so the two cannot drift apart); no two
+modules import each other, directly or round a longer loop.
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -13,13 +15,22 @@ import pytest
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "swinexp"
-# rooms from the top down; a room may import rooms at its own level or below, never above. serve and parity are
-# entry points of their own (python -m swinexp.serve.predict, python -m swinexp.parity): they build from a Plan.
-LEVELS = {"app": 5, "serve": 4, "parity": 4, "build": 3, "engine": 2,
-          "runtime": 1, "tracking": 1, "amp": 1, "models": 1, "data": 1, "optim": 1,
-          "config": 0, "registry": 0}
+README = ROOT / "README.md"
 PACKAGE_FACE = {"__init__", "__main__"}  # `import swinexp` registers the resolvers; `python -m swinexp` runs the cli
 HYDRA_ALLOWED = ("app", "config")
+
+
+def readme_levels(text: str) -> dict[str, int]:
+    """Room -> level from README's layout list (the text block after "Layout, in the order a run flows"): one level
+    per entry, the first entry highest; rooms named on one entry's first line ("swinexp/data/ models/") share it."""
+    block = text.split("Layout, in the order a run flows", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    entries = [line.split("  ", 1)[0] for line in block.splitlines() if line[:1].strip()]  # not a continuation
+    rooms = [re.findall(r"([a-z_]+)(?:/|\.py)", entry.split("swinexp/", 1)[1]) for entry in entries
+             if "swinexp/" in entry]
+    return {room: len(rooms) - i for i, names in enumerate(rooms) for room in names}
+
+
+LEVELS = readme_levels(README.read_text())
 
 
 def _modules() -> dict[str, Path]:
@@ -50,12 +61,14 @@ def _internal(imported: set[str], modules: dict[str, Path]) -> set[str]:
 
 def test_no_room_imports_a_room_above_it() -> None:
     modules = _modules()
+    unlisted = sorted({_room(m) for m in modules} - LEVELS.keys() - PACKAGE_FACE)
+    assert not unlisted, (f"rooms {unlisted} are not in README.md's layout list; add each there, on the line of the "
+                          "rooms it may import from, or above the rooms it imports")
     upward = []
     for module, path in modules.items():
         room = _room(module)
         if room in PACKAGE_FACE:
             continue
-        assert room in LEVELS, f"{module}: room '{room}' has no level in tests/test_layout.py; give it one"
         for target in _internal(_imports(path), modules):
             if LEVELS[_room(target)] > LEVELS[room]:
                 upward.append(f"{module} -> {target}")
@@ -87,6 +100,15 @@ def test_hydra_and_omegaconf_stay_at_the_door() -> None:
                if _room(module) not in (*HYDRA_ALLOWED, *PACKAGE_FACE)
                for name in sorted(_imports(path)) if name.split(".")[0] in ("hydra", "omegaconf")]
     assert not outside, "Hydra/OmegaConf below the door (take a Plan instead):\n" + "\n".join(outside)
+
+
+def test_the_readme_list_is_the_order() -> None:
+    """What README.md states, read as the test reads it: every room on its own level, data and models sharing one."""
+    order = sorted(LEVELS, key=lambda room: -LEVELS[room])
+    assert order == ["app", "serve", "parity", "build", "engine", "amp", "optim", "data", "models", "tracking",
+                     "runtime", "config", "registry"]
+    assert LEVELS["serve"] == LEVELS["parity"] and LEVELS["data"] == LEVELS["models"]
+    assert len(set(LEVELS.values())) == len(LEVELS) - 2
 
 
 def test_the_checks_see_what_they_guard_against(tmp_path: Path) -> None:

@@ -26,20 +26,9 @@ from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloat
 from swinexp.registry import ConfigError
 from swinexp.runtime import chips, simulated_ascend
 
-OVERFLOW_CHECKS = ("auto", "isfinite", "status_register")
 SATURATION_ENV = "MS_ASCEND_CHECK_OVERFLOW_MODE"  # an Atlas A2 card's switch: SATURATION_MODE | INFNAN_MODE
 FP16_MAX = 65504.0
 _STATUS_SHAPE = (8,)  # the register as MindSpore exposes it: int32 x 8, all zero when nothing overflowed
-
-
-def check_setting(check: str, device_target: str) -> None:
-    """hardware.overflow_check is a known name that this device can have."""
-    if check not in OVERFLOW_CHECKS:
-        raise ConfigError(f"hardware.overflow_check='{check}' is not valid; choose one of: "
-                          f"{', '.join(OVERFLOW_CHECKS)}")
-    if check == "status_register" and device_target != "Ascend":
-        raise ConfigError(f"hardware.overflow_check=status_register reads an Ascend card's float status register, and "
-                          f"hardware.device_target={device_target} has none; use overflow_check=auto (isfinite here)")
 
 
 def resolve(check: str, device_target: str, chip: str | None, env: dict[str, str] | None = None) -> str:
@@ -52,7 +41,7 @@ def resolve(check: str, device_target: str, chip: str | None, env: dict[str, str
         env: the environment (default os.environ) for MS_ASCEND_CHECK_OVERFLOW_MODE.
     """
     env = os.environ if env is None else env
-    check_setting(check, device_target)
+    chips.check_overflow(check, device_target)
     if check != "auto":
         return check
     if device_target != "Ascend":

@@ -5,10 +5,13 @@ fp32)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
 
+from swinexp.amp import AmpPolicy, overflow
+from swinexp.amp import precision as amp_precision
 from swinexp.amp import report as amp_report
 from swinexp.build import (
     Plan,
@@ -21,8 +24,9 @@ from swinexp.build import (
     shard_sizes,
     total_batch_size,
 )
+from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
-from swinexp.runtime import hardware, launch
+from swinexp.runtime import allocator, chips, hardware, launch
 
 log = logging.getLogger("swinexp")
 
@@ -37,7 +41,7 @@ def dry_run_report(plan: Plan, overrides: list[str], run_dir: Path) -> str:
              f"device_target={hw.device_target}", *launch.launch_plan(hw, overrides, run_dir)]
     precision = build_precision(plan)
     lines.append("mindspore context: " + ", ".join(
-        f"{k}={v}" for k, v in hardware.context_summary(hw, precision.policy).items()))
+        f"{k}={v}" for k, v in context_summary(hw, precision.policy).items()))
     lines += [f"precision note: {note}" for note in precision.notes]
     train, val = shard_sizes(plan, spec)
     lines.append(f"train shard per rank: {train} samples, {train[0] // spec.batch_size} batches of "
@@ -46,6 +50,32 @@ def dry_run_report(plan: Plan, overrides: list[str], run_dir: Path) -> str:
     lines.append(f"total batch: {spec.batch_size} per device x {world} devices x {accumulation} accumulation "
                  f"= {spec.batch_size * world * accumulation}")
     return "\n".join(lines)
+
+
+def context_summary(hw: HardwareCfg, policy: AmpPolicy | None = None) -> dict[str, object]:
+    """The MindSpore settings `hardware.apply` makes, with `policy` resolved on the chip, for dry runs."""
+    chip = chips.of(hw.device_target, hw.chip)
+    precision = amp_precision.resolve(policy or AmpPolicy("O0"), chip)
+    summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({hardware.MODES[hw.mode]})",
+                                  "jit_level": hw.jit_level or "O0 (ms.jit's default)",
+                                  "memory_optimize_level": hw.memory_optimize_level or "backend default",
+                                  "overflow_check": overflow.describe(hw.overflow_check, hw.device_target, hw.chip)}
+    if hw.device_target == "Ascend":
+        summary["chip"] = chip.row() if chip else "read from the card at start"
+        summary["ascend_precision_mode"] = (
+            f"{precision.precision_mode}, HF32 off for MatMul and Conv" if precision.matmul_hf32 is False
+            else str(precision.precision_mode)) if chip else "per chip: " + "; ".join(
+            f"{name} {amp_precision.resolve(policy or AmpPolicy('O0'), chips.CHIPS[name]).precision_mode}"
+            for name in chips.ASCEND_CHIPS)
+    summary["amp_effective"] = precision.effective
+    if hw.device_target == "CPU":
+        summary["cpu_threads"] = hw.cpu_threads or f"{len(os.sched_getaffinity(0))} (one per core of this process)"
+    summary["malloc"] = allocator.current()
+    if hw.num_devices * hw.num_nodes > 1:
+        summary.update({"communication": {"CPU": "MindSpore collective", "GPU": "NCCL", "Ascend": "HCCL"}[
+            hw.device_target], "parallel_mode": "DATA_PARALLEL", "gradients_mean": True,
+            "device_num": hw.num_devices * hw.num_nodes})
+    return summary
 
 
 def dry_run(plan: Plan, overrides: list[str], run_dir: Path) -> str:
@@ -68,7 +98,7 @@ def inspect_precision(plan: Plan, what: str | None) -> str:
         raise ConfigError(f"inspect={what} is not valid; choose one of: {', '.join(amp_report.INSPECTIONS)}, "
                           f"e.g. python run.py amp=o2 inspect=drift")
     precision = build_precision(plan)
-    header = ("hardware: " + ", ".join(f"{k}={v}" for k, v in hardware.context_summary(
+    header = ("hardware: " + ", ".join(f"{k}={v}" for k, v in context_summary(
         plan.hardware, precision.policy).items() if k in ("device_target", "chip", "overflow_check",
                                                           "ascend_precision_mode", "amp_effective")))
     if what == "amp":  # no data needed: build only the model and the policy

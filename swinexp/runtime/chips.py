@@ -148,6 +148,19 @@ def check_name(chip: str | None, device_target: str) -> None:
                           "series), or null to read it from the card")
 
 
+OVERFLOW_CHECKS = ("auto", "isfinite", "status_register")  # hardware.overflow_check; amp/overflow.py implements them
+
+
+def check_overflow(check: str, device_target: str) -> None:
+    """hardware.overflow_check is a known name that this device can have."""
+    if check not in OVERFLOW_CHECKS:
+        raise ConfigError(f"hardware.overflow_check='{check}' is not valid; choose one of: "
+                          f"{', '.join(OVERFLOW_CHECKS)}")
+    if check == "status_register" and device_target != "Ascend":
+        raise ConfigError(f"hardware.overflow_check=status_register reads an Ascend card's float status register, and "
+                          f"hardware.device_target={device_target} has none; use overflow_check=auto (isfinite here)")
+
+
 def of(device_target: str, chip: str | None) -> Chip | None:
     """The chip a run computes on; None on Ascend while the card has not been read (a dry run without a card)."""
     if device_target != "Ascend":

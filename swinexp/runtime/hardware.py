@@ -4,7 +4,9 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 import mindspore as ms
 import mindspore.dataset as msds
@@ -12,9 +14,6 @@ import numpy as np
 from mindspore._c_expression import MSContext
 from mindspore.communication import get_group_size, init
 
-from swinexp.amp import AmpPolicy, overflow
-from swinexp.amp import precision as amp_precision
-from swinexp.amp.precision import Precision
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
 from swinexp.runtime import allocator, chips, simulated_ascend
@@ -26,6 +25,16 @@ MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 MEMORY_LEVELS = ("O0", "O1")
 JIT_LEVELS = ("O0", "O1", "O2")  # ms.jit(jit_level=...): kernel by kernel, + graph kernel fusion, whole graph sink
+
+
+class Precision(Protocol):
+    """The precision settings `set_precision` makes: an amp policy resolved on a chip (amp/precision.py's
+    Precision; passed down, since amp sits above this room)."""
+
+    precision_mode: str | None
+    matmul_hf32: bool | None
+    conv_hf32: bool | None
+    effective: str
 
 
 def validate(hw: HardwareCfg) -> None:
@@ -41,7 +50,7 @@ def validate(hw: HardwareCfg) -> None:
     if hw.cpu_threads is not None and hw.cpu_threads < 1:
         raise ConfigError(f"hardware.cpu_threads={hw.cpu_threads} must be >= 1, or null for one per core")
     chips.check_name(hw.chip, hw.device_target)
-    overflow.check_setting(hw.overflow_check, hw.device_target)
+    chips.check_overflow(hw.overflow_check, hw.device_target)
     if hw.platform not in (None, *PLATFORMS):
         raise ConfigError(f"hardware.platform='{hw.platform}' is not known; choose one of: {', '.join(PLATFORMS)} "
                           "(or null)")
@@ -83,15 +92,18 @@ def check_backend(hw: HardwareCfg) -> None:
     )
 
 
-def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, policy: AmpPolicy | None = None) -> HardwareCfg:
+def apply(hw: HardwareCfg, seed: int, deterministic: bool = False,
+          precision: Callable[[chips.Chip | None], Precision] | None = None) -> HardwareCfg:
     """Set the MindSpore context and seed every random source; call once per process, before building.
 
     On Ascend the card is read first (`hardware.chip=null` becomes it; another configured chip is refused), then the
-    amp policy's precision resolved for it (amp/precision.py) is set and read back.
+    precision for it (the run's amp policy resolved on that chip, amp/precision.py) is set and read back.
 
     Args:
         deterministic: trainer.deterministic: also ask the backend for deterministic kernels.
-        policy: the run's amp policy (default o0), whose operator precision mode and HF32/TF32 switches are set.
+        precision: the chip's precision settings (operator precision mode, HF32/TF32 switches) from the card's
+            chip (`build.configure_device` passes `amp.precision.resolve` of the run's policy); None leaves the
+            backend's own (a CPU run has none to set).
 
     Returns:
         `hw` with `chip` the card's (Ascend).
@@ -102,10 +114,11 @@ def apply(hw: HardwareCfg, seed: int, deterministic: bool = False, policy: AmpPo
     ms.set_device("CPU" if simulated else hw.device_target)
     ms.set_context(mode=MODES[hw.mode])
     hw = with_card(hw, required=True)
-    precision = amp_precision.resolve(policy or AmpPolicy("O0"), chips.of(hw.device_target, hw.chip))
+    settings = precision(chips.of(hw.device_target, hw.chip)) if precision is not None else None
     if simulated:
         simulated_ascend.install(simulated)
-    set_precision(precision, hw.device_target)
+    if settings is not None:
+        set_precision(settings, hw.device_target)
     if hw.device_target == "CPU":
         set_cpu_threads(hw.cpu_threads)
     if hw.memory_optimize_level is not None:
@@ -248,32 +261,6 @@ def set_cpu_threads(threads: int | None) -> None:
         ms.device_context.cpu.op_tuning.threads_num(threads or len(os.sched_getaffinity(0)))
     except RuntimeError:  # set already in this process (it can be set once)
         pass
-
-
-def context_summary(hw: HardwareCfg, policy: AmpPolicy | None = None) -> dict[str, object]:
-    """The MindSpore settings `apply` makes, for dry runs and logs."""
-    chip = chips.of(hw.device_target, hw.chip)
-    precision = amp_precision.resolve(policy or AmpPolicy("O0"), chip)
-    summary: dict[str, object] = {"device_target": hw.device_target, "mode": f"{hw.mode} ({MODES[hw.mode]})",
-                                  "jit_level": hw.jit_level or "O0 (ms.jit's default)",
-                                  "memory_optimize_level": hw.memory_optimize_level or "backend default",
-                                  "overflow_check": overflow.describe(hw.overflow_check, hw.device_target, hw.chip)}
-    if hw.device_target == "Ascend":
-        summary["chip"] = chip.row() if chip else "read from the card at start"
-        summary["ascend_precision_mode"] = (
-            f"{precision.precision_mode}, HF32 off for MatMul and Conv" if precision.matmul_hf32 is False
-            else str(precision.precision_mode)) if chip else "per chip: " + "; ".join(
-            f"{name} {amp_precision.resolve(policy or AmpPolicy('O0'), chips.CHIPS[name]).precision_mode}"
-            for name in chips.ASCEND_CHIPS)
-    summary["amp_effective"] = precision.effective
-    if hw.device_target == "CPU":
-        summary["cpu_threads"] = hw.cpu_threads or f"{len(os.sched_getaffinity(0))} (one per core of this process)"
-    summary["malloc"] = allocator.current()
-    if hw.num_devices * hw.num_nodes > 1:
-        summary.update({"communication": {"CPU": "MindSpore collective", "GPU": "NCCL", "Ascend": "HCCL"}[
-            hw.device_target], "parallel_mode": "DATA_PARALLEL", "gradients_mean": True,
-            "device_num": hw.num_devices * hw.num_nodes})
-    return summary
 
 
 def set_seed(seed: int) -> None:
