@@ -99,11 +99,13 @@ def test_sweep_report_lists_failed_jobs_writes_a_self_contained_page_and_shares_
     assert f"compare in MLflow: {report.url}\n  first serve the store: {serve}" in report.text
     assert report.url == (f"http://127.0.0.1:5001/#/experiments/{exp}/runs?viewStateShareKey={parent}"
                           "&compareRunsMode=CHART&workflowType=machine_learning")
-    # the shared view the link opens: the sweep's jobs grouped by sweep, the chart view filtered on the metric
+    # the shared view the link opens: the sweep's jobs grouped by arm, the chart view filtered on the metric
     state = json.loads(client.get_experiment(exp).tags[f"mlflow.sharedViewState.{parent}"])
     assert state["searchFilter"] == f"tags.`sweep.id` = '{parent}'" and state["chartsSearchFilter"] == "val/top1"
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "sweep.id"}]
-    assert not state["useGroupedValuesInCharts"]  # a line per job, not the group's mean
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "sweep.arm"}]
+    assert state["useGroupedValuesInCharts"]  # a line per arm, its mean with the min-max band
+    arms = {r.info.run_name: r.data.tags["sweep.arm"] for r in client.search_runs([exp], "tags.`sweep.arm` != ''")}
+    assert arms == {"amp=o0": "amp=o0", "amp=o2": "amp=o2"}  # the parent has none: it is no arm
 
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<td>amp=o2</td><td>21.00</td>" in page and "#2 amp=o3: ConfigError: no fp16 on CPU" in page
@@ -193,3 +195,33 @@ def test_curves_draw_each_arms_mean_with_its_min_max_band_over_seeds(tmp_path: P
         # each band is its arm's colour (matplotlib's tab10 blue, orange) at alpha 0.25 over white
         blue_band, orange_band = _pixels_near(img, (199, 221, 236)), _pixels_near(img, (255, 223, 195))
     assert blue_band > 2000 and orange_band > 2000, (blue_band, orange_band)
+
+
+def test_arms_that_computed_another_amp_than_their_name_are_labelled_by_what_they_computed(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    parent = client.create_run(exp, run_name="sweep amp=o0,o1_manual seed=1,2",
+                               tags={"sweep.role": "parent"}).info.run_id
+    o0 = "o0 (fp32 except Cube inputs: fp16 on ascend910)"  # what amp=o0 computes on a first-generation 910
+    for job, (name, top1) in enumerate([("amp=o0 seed=1", [10.0, 20.0]), ("amp=o0 seed=2", [12.0, 21.0]),
+                                        ("amp=o1_manual seed=1", [11.0, 22.0]),
+                                        ("amp=o1_manual seed=2", [13.0, 23.0])]):
+        _child(client, exp, parent, job, name, top1)
+        run_id = client.search_runs([exp], f"attributes.run_name = '{name}'")[0].info.run_id
+        client.set_tag(run_id, "amp.effective", o0 if name.startswith("amp=o0") else "o1_manual")  # o1: as named
+
+    report = sweep_report(uri, "e", parent, epoch=2, out=tmp_path / "out")
+    label = f"amp={o0}"
+    assert f"each arm against {label}" in report.verdicts
+    assert f"| amp=o1_manual − {label} | 2 (1, 2) | +2.00 |" in report.verdicts
+    assert f"| {label} (seeds: 2) | 20.50 ± 0.71 |" in report.table and "| amp=o1_manual (seeds: 2) |" in report.table
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert f"<td>amp=o1_manual − {label}</td>" in page and f'data-job="{label} seed=1"' in page
+    assert f"# sweep amp=o0,o1_manual seed=1,2\n\n## Verdicts: val/top1 at epoch 2, each arm against {label}" in (
+        tmp_path / "out" / "report.md").read_text()
+    # MLflow groups the jobs by the same names; the gap's metric keeps the arms' values (stable names)
+    arms = {r.info.run_name: r.data.tags.get("sweep.arm") for r in client.search_runs([exp])}
+    assert arms == {"amp=o0 seed=1": label, "amp=o0 seed=2": label, "amp=o1_manual seed=1": "amp=o1_manual",
+                    "amp=o1_manual seed=2": "amp=o1_manual", "sweep amp=o0,o1_manual seed=1,2": None}
+    assert "gap/o1_manual-o0_at2" in client.get_run(parent).data.metrics

@@ -14,13 +14,47 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from swinexp.tracking.protocol import STOPPED_TAG
+from swinexp.tracking.ui import ARM_TAG
 from swinexp.tracking.verdict import MARGIN, METHOD, Gap, Seed, compare
 
 Curve = Mapping[int, float]  # epoch -> value
+AMP_EFFECTIVE_TAG = "amp.effective"  # every training run's: its amp policy as the chip computes it (amp/precision.py)
 
 
 def without_seed(name: str) -> str:
     return " ".join(part for part in name.split() if not part.startswith("seed=")) or "(seed only)"
+
+
+def effective_name(name: str, effective: str | None) -> str:
+    """`name` with its `amp=<value>` naming what the policy computed where that differs, e.g. 'amp=o0 seed=1' ->
+    'amp=o0 (fp32 except Cube inputs: fp16 on ascend910) seed=1'."""
+    if not effective:
+        return name
+    return " ".join(f"amp={effective}" if part.startswith("amp=") else part for part in name.split())
+
+
+def arm_labels(runs: Sequence[Run]) -> dict[str, str]:
+    """arm -> its name as a report shows it: amp named as its runs computed it (their `amp.effective` tag)."""
+    labels: dict[str, str] = {}
+    for run in runs:
+        arm = without_seed(run.info.run_name)
+        if labels.get(arm, arm) == arm:  # the first run that names what it computed
+            labels[arm] = effective_name(arm, run.data.tags.get(AMP_EFFECTIVE_TAG))
+    if len(set(labels.values())) < len(labels):  # two arms must never read as one
+        return {arm: arm for arm in labels}
+    return labels
+
+
+def job_label(run: Run) -> str:
+    return effective_name(run.info.run_name, run.data.tags.get(AMP_EFFECTIVE_TAG))
+
+
+def tag_arms(client: MlflowClient, runs: Sequence[Run], labels: Mapping[str, str]) -> None:
+    """Tag each run with its arm's label (`sweep.arm`): the group the sweep's MLflow view draws as one line."""
+    for run in runs:
+        label = labels[without_seed(run.info.run_name)]
+        if run.data.tags.get(ARM_TAG) != label:
+            client.set_tag(run.info.run_id, ARM_TAG, label)
 
 
 def run_status(run: Run) -> str:
@@ -77,15 +111,18 @@ VERDICT_HEADER = ("arm − baseline", "paired seeds", "mean gap", "95% interval,
                   "verdict")
 
 
-def verdict_rows(gaps: Sequence[Gap]) -> list[list[str]]:
-    """One row of VERDICT_HEADER per gap."""
-    return [[f"{g.arm} − {g.baseline}", f"{len(g.seeds)} ({', '.join(g.seeds)})" if g.seeds else "0",
+def verdict_rows(gaps: Sequence[Gap], labels: Mapping[str, str] | None = None) -> list[list[str]]:
+    """One row of VERDICT_HEADER per gap, each arm named by its `labels` entry where it has one."""
+    name = (labels or {}).get
+    return [[f"{name(g.arm, g.arm)} − {name(g.baseline, g.baseline)}",
+             f"{len(g.seeds)} ({', '.join(g.seeds)})" if g.seeds else "0",
              _signed(g.mean) if g.mean is not None else "—", _interval(g, True), _interval(g, False),
              f"{g.verdict}: {g.reason}" if g.reason else g.verdict] for g in gaps]
 
 
-def verdict_title(metric: str, epoch: int, gaps: Sequence[Gap]) -> str:
-    return f"Verdicts: {metric} at epoch {epoch}, each arm against {gaps[0].baseline}"
+def verdict_title(metric: str, epoch: int, gaps: Sequence[Gap], labels: Mapping[str, str] | None = None) -> str:
+    baseline = gaps[0].baseline
+    return f"Verdicts: {metric} at epoch {epoch}, each arm against {(labels or {}).get(baseline, baseline)}"
 
 
 def left_out(gaps: Sequence[Gap]) -> list[str]:
@@ -93,13 +130,13 @@ def left_out(gaps: Sequence[Gap]) -> list[str]:
     return list(dict.fromkeys(line for g in gaps for line in g.excluded))
 
 
-def verdict_markdown(gaps: Sequence[Gap], metric: str, epoch: int) -> str:
+def verdict_markdown(gaps: Sequence[Gap], metric: str, epoch: int, labels: Mapping[str, str] | None = None) -> str:
     """The verdict table, the method under it and the seeds left out; '' with no second arm to compare."""
     if not gaps:
         return ""
-    lines = [f"## {verdict_title(metric, epoch, gaps)}", "", "| " + " | ".join(VERDICT_HEADER) + " |",
+    lines = [f"## {verdict_title(metric, epoch, gaps, labels)}", "", "| " + " | ".join(VERDICT_HEADER) + " |",
              "|" + "---|" * len(VERDICT_HEADER)]
-    lines += ["| " + " | ".join(row) + " |" for row in verdict_rows(gaps)]
+    lines += ["| " + " | ".join(row) + " |" for row in verdict_rows(gaps, labels)]
     lines += ["", METHOD]
     if excluded := left_out(gaps):
         lines += ["", "Left out (never averaged in): " + "; ".join(excluded)]

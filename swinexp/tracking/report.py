@@ -22,10 +22,13 @@ from mlflow.tracking import MlflowClient
 from swinexp.tracking import FAILED_JOBS_TAG, report_html, resolve_uri, ui
 from swinexp.tracking.arms import (
     VERDICT_HEADER,
+    arm_labels,
     gaps_of,
+    job_label,
     left_out,
     log_verdicts,
     run_status,
+    tag_arms,
     verdict_markdown,
     verdict_rows,
     verdict_title,
@@ -87,10 +90,11 @@ def missing_at_epoch(client: MlflowClient, runs: list[Run], metric: str, epoch: 
 
 
 def build_rows(client: MlflowClient, runs: list[Run], metric: str, epoch: int) -> list[Row]:
-    """Group runs by their name without `seed=...` and summarise each group."""
+    """Group runs by their name without `seed=...` (an arm, amp named as it computed) and summarise each group."""
     groups: dict[str, list[Run]] = {}
+    labels = arm_labels(runs)
     for run in runs:
-        groups.setdefault(without_seed(run.info.run_name), []).append(run)
+        groups.setdefault(labels[without_seed(run.info.run_name)], []).append(run)
     rows = []
     for name, members in groups.items():
         curves = [history(client, r, metric) for r in members]
@@ -160,16 +164,14 @@ def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: 
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    arms: dict[str, list[dict[int, float]]] = {}
-    for run in runs:
-        arms.setdefault(without_seed(run.info.run_name), [])
+    arms = arm_labels(runs)
     for colour, arm in zip(cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"]), arms):
         members = [r for r in runs if without_seed(r.info.run_name) == arm]
         curves = [history(client, r, metric) for r in members if r.info.status == "FINISHED"]
         epochs = sorted({e for c in curves for e in c})
         per_epoch = [[c[e] for c in curves if e in c] for e in epochs]
         if epochs:
-            label = arm if len(curves) == 1 else f"{arm} (mean of {len(curves)} seeds, min–max band)"
+            label = arms[arm] if len(curves) == 1 else f"{arms[arm]} (mean of {len(curves)} seeds, min–max band)"
             ax.plot(epochs, [sum(v) / len(v) for v in per_epoch], marker="o", ms=3, color=colour, label=label)
             if len(curves) > 1:
                 ax.fill_between(epochs, [min(v) for v in per_epoch], [max(v) for v in per_epoch], color=colour,
@@ -178,7 +180,7 @@ def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: 
             curve = sorted(history(client, run, metric).items())
             if curve:
                 ax.plot([e for e, _ in curve], [v for _, v in curve], ls="--", lw=1, color=colour,
-                        label=f"{run.info.run_name} ({run.info.status})")
+                        label=f"{job_label(run)} ({run.info.status})")
     ax.axvline(epoch, color="grey", ls=":", lw=1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="epoch", ylabel=metric, title=title)
@@ -227,11 +229,13 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
     Writes report.md, report.csv, curves.png (`metric` against epoch, each arm's mean over its seeds with their
     min–max band, `epoch` marked) and
     report.html (the table and the `metric` and train/loss curves, self-contained) into `out` and the parent's
-    `report/` artifacts, and stores the sweep's view in the experiment (see `swinexp.tracking.ui`). Runs that
-    differ only in `seed=` share a row, as mean ± std, and form an arm: the report and its page open with each
-    arm's paired gap to `baseline` and its verdict (`swinexp.tracking.arms`), which are also logged to MLflow
-    (`<metric>_at<epoch>` on each job; `gap/...` metrics and `verdict/...` tags on the parent). Warnings about runs
-    without `epoch` go to stderr.
+    `report/` artifacts, and stores the sweep's view in the experiment (see `swinexp.tracking.ui`): its jobs grouped
+    by arm, one line per arm with its min-max band. Runs that differ only in `seed=` share a row, as mean ± std,
+    and form an arm, tagged `sweep.arm` on each run: the report and its page open with each arm's paired gap to
+    `baseline` and its verdict (`swinexp.tracking.arms`), which are also logged to MLflow (`<metric>_at<epoch>` on
+    each job; `gap/...` metrics and `verdict/...` tags on the parent). An arm whose runs computed another amp than
+    its `amp=` value (their `amp.effective` tag, e.g. o0 on a 910) is named by what they computed. Warnings about
+    runs without `epoch` go to stderr.
 
     Args:
         tracking_uri: An absolute tracking URI (`swinexp.tracking.resolve_uri`).
@@ -266,7 +270,8 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
     table = markdown(rows, metric, epoch)
     curves = [history(client, r, metric) for r in runs]
     gaps = gaps_of(runs, curves, metric, epoch, baseline, margin)
-    verdicts = verdict_markdown(gaps, metric, epoch)
+    labels = arm_labels(runs)  # amp as each arm computed it, where that differs from its amp= value
+    verdicts = verdict_markdown(gaps, metric, epoch, labels)
     failures = "".join(f"\n- {f}" for f in failed)
     failures = f"\nFailed jobs:{failures}\n" if failed else ""
     out = out or Path("report") / parent_run_id
@@ -274,9 +279,9 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
     (out / "report.md").write_text(f"# {parent.info.run_name}\n\n{verdicts}{table}{failures}")
     write_csv(rows, out / "report.csv")
     plot(client, runs, metric, epoch, parent.info.run_name, out / "curves.png")
-    jobs = [r.info.run_name for r in runs]
-    charts = {m: {r.info.run_name: history(client, r, m) for r in runs} for m in dict.fromkeys((metric, "train/loss"))}
-    head = report_html.Section(verdict_title(metric, epoch, gaps), VERDICT_HEADER, verdict_rows(gaps),
+    jobs = [job_label(r) for r in runs]
+    charts = {m: {job_label(r): history(client, r, m) for r in runs} for m in dict.fromkeys((metric, "train/loss"))}
+    head = report_html.Section(verdict_title(metric, epoch, gaps, labels), VERDICT_HEADER, verdict_rows(gaps, labels),
                                [METHOD, *(["Left out (never averaged in): " + "; ".join(left_out(gaps))]
                                           if left_out(gaps) else [])]) if gaps else None
     (out / "report.html").write_text(report_html.page(
@@ -285,6 +290,7 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
     for name in REPORT_FILES:
         client.log_artifact(parent_run_id, str(out / name), artifact_path="report")
     log_verdicts(client, parent_run_id, runs, curves, metric, epoch, gaps)
+    tag_arms(client, runs, labels)
 
     base, command = ui.ui_base(tracking_uri, ui_port)
     url = ui.runs_view_url(base, found.experiment_id, ui.share_sweep_view(client, found.experiment_id,

@@ -7,7 +7,9 @@ Everything else (expanded rows, hidden runs, the charts and their search box) li
 except through a *shared view*: `viewStateShareKey=<key>` makes the page read the experiment tag
 `mlflow.sharedViewState.<key>`, a JSON object with facets and UI state (`chartsSearchFilter`, `compareRunCharts`,
 `hideEmptyCharts`, ...; never `runsExpanded`, `runsHidden` or `runsPinned`). A URL holding any facet ignores the
-shared view, so the sweep's filter goes into the shared view, not into the URL.
+shared view, so the sweep's filter goes into the shared view, not into the URL. Its `groupBy` (by a tag or a
+param) with `useGroupedValuesInCharts` draws each group in the charts as one line, the group's mean (the
+`aggregateFunction`), with its min-max band.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3's UI opens a "custom_m
 TRAINING_KIND = "custom_model_development"
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
 UI_PORT = 5000  # `mlflow ui`'s default
+ARM_TAG = "sweep.arm"  # a job's arm: its run name without seed=, amp named as it computed (tracking/arms.py)
 
 
 def sweep_filter(parent_run_id: str) -> str:
@@ -27,13 +30,15 @@ def sweep_filter(parent_run_id: str) -> str:
 
 
 def share_sweep_view(client: Any, experiment_id: str, parent_run_id: str, metric: str) -> str:
-    """Store the sweep's view (its jobs, the chart view filtered on `metric`) in the experiment; returns its key."""
-    # Filtered on the sweep, the table still shows the parent (the UI loads the parents of what matches) as a
-    # collapsed row hiding its children; grouped by the sweep, the jobs are one expanded group and the parent is
-    # left in the collapsed "Additional runs", out of the charts.
+    """Store the sweep's view in the experiment: its jobs grouped into arms by their `sweep.arm` tag (the report
+    sets it), the chart view filtered on `metric` with one line per arm, the mean over its seeds and their min-max
+    band. Returns the view's key."""
+    # The UI loads the parents of what matches, so the parent (which has no sweep.arm) is listed too: grouped, it
+    # is left in the collapsed "Additional runs" ("Unassigned" in the chart, where it has no values to draw).
+    group = {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": ARM_TAG}]}
     state = {"searchFilter": sweep_filter(parent_run_id), "orderByKey": "attributes.start_time", "orderByAsc": True,
-             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "sweep.id"}]},
-             "useGroupedValuesInCharts": False, "chartsSearchFilter": metric, "hideEmptyCharts": True}
+             "groupBy": group, "useGroupedValuesInCharts": True, "chartsSearchFilter": metric,
+             "hideEmptyCharts": True}
     client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + parent_run_id, json.dumps(state))
     return parent_run_id
 
