@@ -1,4 +1,4 @@
-"""Packages for setuptools (metadata is in pyproject.toml): the code, plus conf/ mapped into swinexp."""
+"""Packages for setuptools (metadata is in pyproject.toml): the code, plus conf/ and sweeps/ mapped into swinexp."""
 from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
@@ -11,4 +11,6 @@ RESOURCES = ["swinexp._conf", *sorted("swinexp._conf." + ".".join(d.relative_to(
 # namespace packages: hydra_plugins has no __init__.py (Hydra's plugin discovery scans it)
 CODE = find_namespace_packages(include=["swinexp*", "hydra_plugins*"], exclude=["*__pycache__"])
 
-setup(packages=[*CODE, *RESOURCES], package_dir={"swinexp._conf": CONF})
+SWEEPS = "sweeps"  # the named sweeps, shipped as swinexp._sweeps (served as the group `sweep`, hydra_plugins)
+
+setup(packages=[*CODE, *RESOURCES, "swinexp._sweeps"], package_dir={"swinexp._conf": CONF, "swinexp._sweeps": SWEEPS})

@@ -2,7 +2,7 @@
 
     python -m benchmarks.sweep_spread --tracking-uri sqlite:////tmp/droppath_sweep.db [--sweep ID|latest]
 
-For a sweep whose jobs compute the same function with the same draws (conf/sweep/index_rewrites.yaml in fp32), this
+For a sweep whose jobs compute the same function with the same draws (sweeps/index_rewrites.yaml in fp32), this
 is the effect of floating-point reassociation alone.
 """
 from __future__ import annotations

@@ -122,6 +122,10 @@ def test_wheel_carries_conf_and_runs_from_outside_the_checkout(installed: dict[s
 
     job = _run(installed, "swinexp", "--cfg", "job", "model=swin_tiny", "sweep=seeds")  # the console script
     assert "name: swin_tiny" in job.stdout and "depths:\n  - 2\n  - 2\n  - 6\n  - 2" in job.stdout
+    sweeps = {p.name for p in (site / "swinexp" / "_sweeps").glob("*.yaml")}
+    assert sweeps == {p.name for p in (ROOT / "sweeps").glob("*.yaml")}  # the top-level sweeps/, no copy in conf/
+    swept = _run(installed, "swinexp", "--cfg", "hydra", "sweep=amp_ablation")
+    assert "amp: o0,o2,o1_manual" in swept.stdout
 
     helped = _run(installed, "-m", "swinexp", "-cd", str(installed["conf"]), "--help").stdout
     models = dict(line.split(": ", 1) for line in helped.splitlines() if ": " in line).get("model", "")

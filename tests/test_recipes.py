@@ -60,7 +60,7 @@ def test_named_sweep_screens_at_epoch_10_of_the_full_schedule(compose: Callable[
     assert read(compose(f"sweep={sweep}")).trainer.stop_after_epoch == 2  # a 2-epoch run: stop at its end
     continued = compose(f"sweep={sweep}", "trainer.epochs=300", "trainer.stop_after_epoch=null")
     assert read(continued).trainer.stop_after_epoch is None
-    comment = (ROOT / "conf" / "sweep" / f"{sweep}.yaml").read_text()
+    comment = (ROOT / "sweeps" / f"{sweep}.yaml").read_text()
     assert "trainer.stop_after_epoch=null hydra.mode=RUN hydra.run.dir=<sweep dir>/<job num>" in comment
 
 

@@ -16,7 +16,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from swinexp.config import CONF_DIR
 from tests import servers
 from tests.conftest import ROOT, SMOKE
 
@@ -51,7 +50,7 @@ def _smoke(data_root: Path) -> list[str]:
 
 
 def test_every_sweep_file_is_known() -> None:
-    assert sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml")) == sorted(EXPECTED_JOBS)
+    assert sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml")) == sorted(EXPECTED_JOBS)
 
 
 @pytest.mark.parametrize("sweep", sorted(EXPECTED_JOBS))
