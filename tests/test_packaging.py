@@ -24,7 +24,7 @@ from swinexp.build import build_model, resolve
 from swinexp.registry import ConfigError
 from tests.conftest import CONF_DIR, ROOT, SMOKE
 
-SOURCES = ("swinexp", "hydra_plugins", "conf", "pyproject.toml", "setup.py", "README.md")
+SOURCES = ("swinexp", "hydra_plugins", "conf", "sweeps", "pyproject.toml", "setup.py", "README.md")
 MINDSPORE_IMPORTED = re.compile(r"\|\s+mindspore$", re.MULTILINE)  # a `-X importtime` line of the mindspore package
 
 
