@@ -145,7 +145,10 @@ def detected_chip() -> str:
     simulated = simulated_ascend.active()
     if simulated is not None:
         return simulated.name
-    return MSContext.get_instance().get_ascend_soc_version().lower()
+    try:
+        return MSContext.get_instance().get_ascend_soc_version().lower()
+    except RuntimeError:  # not readable before the device is up on some builds: `apply` reads it again after
+        return ""
 
 
 def with_card(hw: HardwareCfg, required: bool = False) -> HardwareCfg:
