@@ -31,7 +31,7 @@ SMOKE_RUN = {
     "benchmarks ops": "tests/test_bench.py::test_ops_splits_both_steps_kernel_time_into_op_kinds",
     "benchmarks gemm": "tests/test_bench.py::test_gemm_times_every_linear_shape_in_every_orientation",
     "benchmarks kernels": "tests/test_kernel_memory.py::test_the_kernels_bench_prints_one_row_per_probe_with_its_unit",
-    "benchmarks chaos": "tests/test_chaos.py::test_three_sigkills_lose_and_duplicate_nothing",
+    "benchmarks chaos": "tests/test_chaos.py::test_a_sigkill_in_each_phase_loses_and_duplicates_nothing",
     "benchmarks.memory": "tests/test_bench.py::test_memory_measures_each_peer_in_a_fresh_process",
     "benchmarks.kernels": "tests/test_kernel_memory.py::test_the_kernels_bench_prints_one_row_per_probe_with_its_unit",
     "benchmarks.host_overhead": "tests/test_bench_cited.py::test_host_overhead_runs_the_real_loop_behind_the_stub",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from swinexp.app.resolvers import HIDDEN_GROUPS
-from tests.conftest import CONF_DIR
+from tests.conftest import CONF_DIR, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +46,7 @@ def test_help_lists_user_facing_groups_only_and_imports_no_mindspore(tmp_path: P
     groups = dict(line.split(": ", 1) for line in section.splitlines() if ": " in line)
     on_disk = {p.parent.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR}
     on_disk = {g for g in on_disk if not g.startswith("hydra/")}  # launcher presets: Hydra's own --hydra-help
+    on_disk |= {"sweep"} if any((ROOT / "sweeps").glob("*.yaml")) else set()  # sweeps/, served as the group sweep
     assert set(groups) == on_disk - set(HIDDEN_GROUPS)
     assert "model/formulation" in on_disk and "model/formulation" not in groups
     assert not [o for options in groups.values() for o in options.split(", ") if o.startswith("base_")]
