@@ -201,3 +201,14 @@ def test_a_runs_amp_report_comes_from_its_one_model(compose: Callable[..., DictC
     dtypes = compute_dtypes(exp.model, exp.amp)  # the run trains the cast model
     assert dtypes[f"{BLOCK}.mlp.fc1"] == "float16" and dtypes["patch_embed.proj"] == "float32"
     assert build_experiment(resolve(compose("amp=o1_manual"))).amp_report is None  # off unless asked
+
+
+@pytest.mark.parametrize("permute", ["transpose", "mint", "gather"])
+def test_o1_applies_to_the_conv_patch_embedding(permute: str) -> None:
+    """MindSpore's O1 rewrite failed (NameError: PermuteOpt_1) on a PatchEmbed that held a Permute cell: the official,
+    GPU and Ascend formulations' conv patch embedding, so amp=o1 stopped on every card."""
+    policy = AMP_POLICIES.build({"name": "o1"})
+    net = policy.apply(MODELS.build({"name": "swin_micro", "img_size": 32, "num_classes": 4, "patch_embed": "conv",
+                                     "permute": permute}))
+    out = net(Tensor(np.zeros((1, 3, 32, 32), np.float32)))
+    assert out.shape == (1, 4) and np.isfinite(out.asnumpy()).all()

@@ -107,9 +107,7 @@ def test_every_policy_runs_on_the_simulated_card(compose: Callable[..., DictConf
     train step, every Cube op through the simulated Cube unit. Pinning must_keep_origin_dtype on every policy (the
     defect) fails here on the 910 in the AMP report's reference pass."""
     card(chip)
-    # MindSpore 2.10's O1 rewrite fails on the conv patch embedding ("NameError: PermuteOpt_1"), on any device
-    workaround = ["model.patch_embed=matmul"] if amp == "o1" else []
-    plan = resolve(compose(*ON_THE_CARD, f"amp={amp}", "trainer.limit_train_batches=2", *workaround))
+    plan = resolve(compose(*ON_THE_CARD, f"amp={amp}", "trainer.limit_train_batches=2"))
     assert plan.hardware.chip == chip  # read from the card in resolve, before the precision and overflow check
     plan = configure_device(plan)
     exp = build_experiment(plan, amp_report=True)

@@ -453,7 +453,10 @@ class PatchEmbed(nn.Cell):
                  permute_mode: str = "transpose", custom_bprop: bool = False, kernel: str = "conv",
                  fused: bool = False) -> None:
         super().__init__()
-        self.reorder = shared(self, Permute, permute_mode) if kernel == "conv" else None  # PatchMatMul returns tokens
+        # the conv's (B, C, L) -> (B, L, C) as a function, not a `Permute` cell: MindSpore 2.10's O1 rewrite of a
+        # PatchEmbed holding one generates code naming a class it never defines (NameError: PermuteOpt_1); for this
+        # permutation the `Permute` modes are ops.transpose ("transpose", "gather") or mint.permute ("mint")
+        self.tokens_by_mint = permute_mode == "mint"
         self.img_size = img_size
         self.patch_size = patch_size
         self.patches_resolution = img_size // patch_size
@@ -469,9 +472,10 @@ class PatchEmbed(nn.Cell):
 
     def construct(self, x: Tensor) -> Tensor:
         x = self.proj(x)  # conv: (B, C, H/p, W/p); matmul: already (B, H/p*W/p, C)
-        if self.reorder is not None:
+        if self.kernel == "conv":
             b, c, h, w = x.shape
-            x = self.reorder(ops.reshape(x, (b, c, h * w)), (0, 2, 1))  # (B, H/p*W/p, C)
+            x = ops.reshape(x, (b, c, h * w))  # (B, C, L)
+            x = mint.permute(x, (0, 2, 1)) if self.tokens_by_mint else ops.transpose(x, (0, 2, 1))  # (B, L, C)
         if self.norm is not None:
             x = self.norm(x)
         return x
