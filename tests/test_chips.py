@@ -3,6 +3,7 @@
 resolved, the divergence guard of a saturating card, the self-check's FAIL lines, and the README's per-chip table."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Callable
@@ -189,6 +190,7 @@ def test_the_self_check_runs_the_loops_step_on_a_simulated_910(capsys: pytest.Ca
     assert re.search(r"PASS  swin_micro trains \(o0 \(fp32 except Cube inputs: fp16 on ascend910\), accumulation 2\): "
                      r"status_register \(simulated saturating device\)", out)
     assert "chip ascend910 (Atlas training series" in out and "self-check: all 5 checks passed" in out
+    assert simulated_ascend.SIMULATE_ENV not in os.environ  # the caller's process is not left simulating a card
 
 
 def test_the_self_check_turns_a_chip_mismatch_into_a_fail_line(capsys: pytest.CaptureFixture[str],

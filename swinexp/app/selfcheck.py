@@ -234,12 +234,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. hardware=ascend amp=o1_manual")
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
-    if args.simulate_chip:
-        from swinexp.runtime.simulated_ascend import SIMULATE_ENV
+    from swinexp.runtime.simulated_ascend import SIMULATE_ENV
 
+    before = os.environ.get(SIMULATE_ENV)
+    if args.simulate_chip:  # for these checks only: a caller's process is not left simulating a card
         os.environ[SIMULATE_ENV] = args.simulate_chip
         overrides = ["hardware=ascend", "hardware.mode=pynative", *overrides]
-    results = run_checks(overrides, args.simulate_saturation)
+    try:
+        results = run_checks(overrides, args.simulate_saturation)
+    finally:
+        if before is None:
+            os.environ.pop(SIMULATE_ENV, None)
+        else:
+            os.environ[SIMULATE_ENV] = before
     for result in results:
         print(f"{'PASS' if result.passed else 'FAIL'}  {result.name}: {result.detail}")
     failed = [r.name for r in results if not r.passed]
