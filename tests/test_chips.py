@@ -145,19 +145,24 @@ def test_the_simulated_card_asks_for_eager_mode(compose: Callable[..., DictConfi
         resolve(compose("hardware=ascend"))
 
 
-class _OverflowingStep:
-    """A stand-in device step behind the real loop: every micro-batch overflows at the smallest loss scale, with a
-    finite loss, as a diverged fp16 run looks on a card that saturates."""
+class OverflowingStep:
+    """A stand-in device step behind the real loop (a `TrainStepLike`, checked in tests/test_step_protocol.py):
+    every micro-batch overflows at the smallest loss scale, with a finite loss, as a diverged fp16 run looks on a
+    card that saturates."""
 
     def __init__(self, optimizer) -> None:  # noqa: ANN001
-        self.global_step, self.optimizer_step = optimizer.global_step, 0
+        self.global_step, self._steps = optimizer.global_step, 0
         self.overflow_check = overflow.SaturatingDevice()
 
-    def next_compile(self) -> None:
+    @property
+    def optimizer_step(self) -> int:
+        return self._steps
+
+    def next_compile(self) -> str | None:
         return None
 
     def __call__(self, images: Tensor, targets: Tensor) -> StepOutput:
-        self.optimizer_step += 1
+        self._steps += 1
         return StepOutput(Tensor(np.array([2.3, 65504.0, 1.0, 1.0], np.float32)), True)
 
     def state(self) -> dict:
@@ -171,20 +176,27 @@ def test_a_run_whose_every_step_overflows_at_scale_1_stops(compose: Callable[...
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     exp = build_experiment(resolve(compose("amp=o2", "trainer.max_overflow_at_min_scale=4",
                                            "trainer.log_every_n_steps=1", "trainer.epochs=2")))
-    monkeypatch.setattr(loop, "train_step_for", lambda exp, *args: _OverflowingStep(exp.optimizer))
+    monkeypatch.setattr(loop, "train_step_for", lambda exp, *args: OverflowingStep(exp.optimizer))
     with pytest.raises(loop.NonFiniteLoss, match=r"overflowed in 4 optimizer steps in a row at the smallest loss "
                                                  r"scale \(1; trainer.max_overflow_at_min_scale=4\) by epoch 2"):
         loop.fit(exp, tmp_path / "run", jit=False)
     assert (tmp_path / "run" / "checkpoints").is_dir()  # the last good state is kept
 
 
-def test_the_self_check_runs_the_loops_step_on_a_simulated_910(capsys: pytest.CaptureFixture[str],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def _self_check(args: list[str], capsys: pytest.CaptureFixture[str],
+                monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """(exit code, printed text) of `python -m swinexp.app.selfcheck ARGS`, in this process, on fresh settings."""
     from swinexp.app import selfcheck
 
     monkeypatch.setattr(simulated_ascend, "OP_PRECISION", simulated_ascend.OpPrecision())
-    assert selfcheck.main(["--simulate-chip", "ascend910", "amp=o0"]) == 0
-    out = capsys.readouterr().out
+    code = selfcheck.main(args)
+    return code, capsys.readouterr().out
+
+
+def test_the_self_check_runs_the_loops_step_on_a_simulated_910(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out = _self_check(["--simulate-chip", "ascend910", "amp=o0"], capsys, monkeypatch)
+    assert code == 0
     assert "read back precision_mode=allow_fp32_to_fp16" in out
     assert "MatMul lowered, BatchMatMul lowered, Conv2D lowered" in out
     assert re.search(r"PASS  swin_micro trains \(o0 \(fp32 except Cube inputs: fp16 on ascend910\), accumulation 2\): "
@@ -195,11 +207,8 @@ def test_the_self_check_runs_the_loops_step_on_a_simulated_910(capsys: pytest.Ca
 
 def test_the_self_check_turns_a_chip_mismatch_into_a_fail_line(capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from swinexp.app import selfcheck
-
-    monkeypatch.setattr(simulated_ascend, "OP_PRECISION", simulated_ascend.OpPrecision())
-    assert selfcheck.main(["--simulate-chip", "ascend910b", "hardware.chip=ascend910"]) == 1
-    out = capsys.readouterr().out
+    code, out = _self_check(["--simulate-chip", "ascend910b", "hardware.chip=ascend910"], capsys, monkeypatch)
+    assert code == 1
     assert "FAIL  backend and card: ConfigError: hardware.chip=ascend910 but this machine's card is ascend910b" in out
     assert "Traceback" not in out
 
@@ -232,7 +241,7 @@ def test_hardware_jit_level_reaches_the_compiled_steps(compose: Callable[..., Di
     monkeypatch.setattr(step.ms, "jit", recording_jit)
     exp = build_experiment(resolve(compose("hardware.jit_level=O1")))
     train_step_for(exp, jit=True)
-    evaluate.make_eval_step(exp.model, True, loop._jit_level(exp))
+    evaluate.make_eval_step(exp.model, True, exp.jit_level)
     assert levels == ["O1", "O1"]  # the train step's graph (no accumulation: one), the eval step's
     with pytest.raises(ConfigError, match=r"hardware.jit_level='O3' is not valid; choose one of: O0, O1, O2"):
         resolve(compose("hardware.jit_level=O3"))

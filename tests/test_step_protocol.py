@@ -11,8 +11,9 @@ from benchmarks.host_overhead import StubStep
 from swinexp.engine import loop
 from swinexp.engine.step import TrainStep
 from swinexp.engine.step_protocol import TrainStepLike
+from tests.test_chips import OverflowingStep
 
-STAND_INS = [StubStep]  # every class that stands in for TrainStep in the real loop
+STAND_INS = [StubStep, OverflowingStep]  # every class that stands in for TrainStep in the real loop
 LOOP_NAMES = ("train_step",)  # how loop.py names its step (a variable or an attribute)
 
 

@@ -31,3 +31,8 @@ class Experiment:
     plan: Plan | None = None         # what it was built from, with the class count a folder dataset found
     amp_report: Mapping[str, str] | None = None  # {file name: text}: the policy's dtype table and drift vs fp32
     amp_effective: str = ""          # what the policy computes on this chip (amp/precision.py), e.g. an MLflow tag
+
+    @property
+    def jit_level(self) -> str | None:
+        """hardware.jit_level, for ms.jit of the train and eval steps (None: ms.jit's default)."""
+        return self.plan.hardware.jit_level if self.plan is not None else None

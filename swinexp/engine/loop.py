@@ -79,7 +79,7 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
     """
     trainer, distributed = exp.trainer, launch.is_worker()
     train_step = train_step_for(exp, jit, distributed, launch.rank())
-    eval_step = make_eval_step(exp.model, jit, _jit_level(exp))
+    eval_step = make_eval_step(exp.model, jit, exp.jit_level)
     progress = _starting_progress(exp, train_step, resume_from, config, choices)
     checkpoints = _Checkpoints(checkpoint.Checkpointer(run_dir / "checkpoints", trainer.checkpoint.keep_last), exp,
                                train_step, launch.rank() == 0)
@@ -138,7 +138,7 @@ def _starting_progress(exp: Experiment, train_step: TrainStep, resume_from: Resu
 
 def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, checkpoints: _Checkpoints,
                  stop: StopRequest, profiler: StepProfiler | None, start: float, run_dir: Path,
-                 streaks: _Streaks | None = None) -> float:
+                 streaks: _Streaks) -> float:
     """Train the rest of epoch `progress.epoch`; return the LR of its last optimizer step (nan: none taken here).
 
     The host never waits for the device between read points: step outputs stay on the device and are read in one
@@ -157,7 +157,7 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
     bar = tqdm(total=exp.steps_per_epoch, initial=progress.batches_done // trainer.accumulation_steps,
                desc=f"epoch {progress.epoch + 1}/{trainer.epochs}", leave=False, dynamic_ncols=True,
                disable=not (trainer.progress_bar and checkpoints.main_rank))
-    readback = _Readback(exp, progress, bar, start, streaks or _Streaks())
+    readback = _Readback(exp, progress, bar, start, streaks)
     lr = float("nan")
     batches = exp.train_loader.epoch(progress.epoch, start_batch=progress.batches_done)
     for images, targets in _limit(batches, micro_batches - progress.batches_done):
@@ -346,13 +346,10 @@ def _limit(batches, limit: int | None):
 
 def evaluate_only(exp: Experiment, jit: bool) -> dict[str, float]:
     """One validation pass over the whole val set, logged at step 0 (before any training)."""
-    metrics = evaluate(exp.model, exp.val_loader.epoch(0), make_eval_step(exp.model, jit, _jit_level(exp)),
+    metrics = evaluate(exp.model, exp.val_loader.epoch(0), make_eval_step(exp.model, jit, exp.jit_level),
                        launch.is_worker())
     exp.tracker.log_metrics(metrics, step=0)
     log.info("eval only  val/loss %.4f  val/top1 %.2f  val/top5 %.2f", metrics["val/loss"], metrics["val/top1"],
              metrics["val/top5"])
     return metrics
 
-
-def _jit_level(exp: Experiment) -> str | None:
-    return exp.plan.hardware.jit_level if exp.plan is not None else None

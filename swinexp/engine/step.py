@@ -464,7 +464,7 @@ def train_step_for(exp: Experiment, jit: bool, distributed: bool = False, rank: 
         distributed: under msrun (data parallel); `rank` is this worker's.
     """
     return train_step_with(exp.model, exp.optimizer, exp.amp, exp.trainer, exp.overflow_check, jit,
-                           exp.plan.hardware.jit_level if exp.plan is not None else None, distributed, rank)
+                           exp.jit_level, distributed, rank)
 
 
 def train_step_with(model: nn.Cell, optimizer: nn.Optimizer, amp: AmpPolicy, trainer: TrainerCfg,
