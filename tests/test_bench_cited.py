@@ -1,7 +1,7 @@
-"""Every `python -m benchmarks ...` command that README.md or BENCHMARKS.md cites is smoke-run by a named test at
-its smallest settings: the sub-benchmarks of `python -m benchmarks` by tests/test_bench.py and the files beside it,
-the stand-alone modules here. A command the docs start to cite fails `test_every_cited_benchmark_is_smoke_run`
-until SMOKE_RUN names the test that runs it."""
+"""Every `python -m benchmarks ...` command that README.md, BENCHMARKS.md or a page of docs/ cites is smoke-run by a
+named test at its smallest settings: the sub-benchmarks of `python -m benchmarks` by tests/test_bench.py and the files
+beside it, the stand-alone modules here. A command the docs start to cite fails
+`test_every_cited_benchmark_is_smoke_run` until SMOKE_RUN names the test that runs it."""
 from __future__ import annotations
 
 import ast
@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from benchmarks.__main__ import BENCHMARKS
 from tests.conftest import ROOT
 
-DOCS = (ROOT / "README.md", ROOT / "BENCHMARKS.md")
+DOCS = (ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md")))  # the history too
 
 # what the docs cite -> the test that runs it (a `python -m benchmarks.<worker>` is run by its sub-benchmark)
 SMOKE_RUN = {
@@ -60,7 +60,7 @@ def cited() -> set[str]:
 
 def test_every_cited_benchmark_is_smoke_run() -> None:
     missing = sorted(cited() - SMOKE_RUN.keys())
-    assert not missing, (f"README.md/BENCHMARKS.md cite {missing} but no test smoke-runs them: add a test at the "
+    assert not missing, (f"README.md/BENCHMARKS.md/docs cite {missing} but no test smoke-runs them: add a test at the "
                          "smallest settings and name it in SMOKE_RUN (tests/test_bench_cited.py)")
     assert {"benchmarks step", "benchmarks.host_overhead", "benchmarks.sweep_spread"} <= cited()  # the parser reads
 
