@@ -22,14 +22,18 @@ from tests.conftest import ROOT, SMOKE
 pytestmark = pytest.mark.slow
 
 # The jobs each named sweep must expand to (as `key=value` overrides).
+def _seed_major(arms: list[str], seeds: range = range(3)) -> list[list[str]]:
+    """A named sweep's jobs: every arm on each of its `seeds` paired seeds, seed-major (the default seeds=3)."""
+    return [[f"seed={s}", arm] for s in seeds for arm in arms]
+
+
 EXPECTED_JOBS = {
-    "accumulation": [["trainer.accumulation_steps=1"], ["trainer.accumulation_steps=2"],
-                     ["trainer.accumulation_steps=4"]],
-    "amp_ablation": [["amp=o0"], ["amp=o2"], ["amp=o1_manual"]],
-    "index_rewrites": [[f"model/rewrites={r}"] for r in
-                       ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")],
-    "pipeline_ablation": [["data.pipeline=exact"], ["data.pipeline=native"]],
-    "seeds": [["seed=1"], ["seed=2"], ["seed=3"]],
+    "accumulation": _seed_major([f"trainer.accumulation_steps={n}" for n in (1, 2, 4)]),
+    "amp_ablation": _seed_major(["amp=o0", "amp=o2", "amp=o1_manual"]),
+    "index_rewrites": _seed_major([f"model/rewrites={r}" for r in
+                                   ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")]),
+    "pipeline_ablation": _seed_major(["data.pipeline=exact", "data.pipeline=native"]),
+    "seeds": [[f"seed={s}"] for s in range(5)],
 }
 
 
@@ -53,16 +57,29 @@ def test_every_sweep_file_is_known() -> None:
     assert sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml")) == sorted(EXPECTED_JOBS)
 
 
-@pytest.mark.parametrize("sweep", sorted(EXPECTED_JOBS))
-def test_named_sweep_expands_to_jobs_that_compose(sweep: str, tmp_path: Path,
-                                                  compose: Callable[..., DictConfig]) -> None:
-    out = _run(f"sweep={sweep}", "--cfg", "hydra", cwd=tmp_path)
+def _jobs_of(*args: str, cwd: Path) -> list[list[str]]:
+    """The jobs (as `key=value` overrides) the sweeper makes of the named sweep's params, as Hydra resolves them."""
+    out = _run(*args, "--cfg", "all", "--resolve", cwd=cwd)
     assert out.returncode == 0, out.stderr
     hydra_cfg = yaml.safe_load(out.stdout)["hydra"]
     assert hydra_cfg["mode"] == "MULTIRUN"
     params = [f"{k}={v}" for k, v in hydra_cfg["sweeper"]["params"].items()]
     (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), max_batch_size=None)
-    assert [list(job) for job in jobs] == EXPECTED_JOBS[sweep]
+    return [list(job) for job in jobs]
+
+
+def test_seeds_sets_how_many_paired_seeds_each_arm_of_a_named_sweep_runs(tmp_path: Path) -> None:
+    assert _jobs_of("sweep=amp_ablation", "seeds=2", cwd=tmp_path) == _seed_major(
+        ["amp=o0", "amp=o2", "amp=o1_manual"], range(2))
+    assert _jobs_of("sweep=accumulation", "seeds=1", cwd=tmp_path) == _seed_major(
+        [f"trainer.accumulation_steps={n}" for n in (1, 2, 4)], range(1))
+
+
+@pytest.mark.parametrize("sweep", sorted(EXPECTED_JOBS))
+def test_named_sweep_expands_to_jobs_that_compose(sweep: str, tmp_path: Path,
+                                                  compose: Callable[..., DictConfig]) -> None:
+    jobs = _jobs_of(f"sweep={sweep}", cwd=tmp_path)
+    assert jobs == EXPECTED_JOBS[sweep]
     for job in jobs:
         cfg = compose(f"sweep={sweep}", *job, smoke=False)  # every job composes (the options exist)
         if sweep == "accumulation":  # the total batch stays at 64

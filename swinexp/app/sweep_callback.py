@@ -66,7 +66,8 @@ def sweep_overrides(config: DictConfig) -> list[str]:
     given = list(config.hydra.overrides.task)
     params = config.hydra.sweeper.get("params")
     if params:
-        given += [f"{key}={value}" for key, value in OmegaConf.to_container(params, resolve=False).items()]
+        # resolved: a named sweep's `seed: range(0,${seeds})` is a sweep of the values `seeds` gives
+        given += [f"{key}={value}" for key, value in OmegaConf.to_container(params, resolve=True).items()]
     return [o for o, parsed in zip(given, parser.parse_overrides(given)) if parsed.is_sweep_override()]
 
 

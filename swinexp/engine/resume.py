@@ -21,7 +21,7 @@ NOT_COMPARED_GROUPS = ("hydra", "tracking")  # where a run is logged and launche
 RUN_ID_FILE = "mlflow_run_id"  # in the run dir: the run a restart reopens, even before the first checkpoint
 # may differ between a run and its resumption without a warning (a screen is continued with a later stop)
 NOT_COMPARED = ("trainer.resume", "trainer.resume_force", "trainer.stop_after_epoch", "debug.phase_file",
-                "debug.park_at")
+                "debug.park_at", "seeds", "sweep.baseline", "sweep.margin")  # the last three: how a sweep reads
 
 
 @dataclass
