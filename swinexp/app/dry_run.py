@@ -27,6 +27,7 @@ from swinexp.build import (
 from swinexp.config import HardwareCfg
 from swinexp.registry import ConfigError
 from swinexp.runtime import allocator, chips, hardware, launch
+from swinexp.tracking import npu_monitor
 
 log = logging.getLogger("swinexp")
 
@@ -81,7 +82,15 @@ def context_summary(hw: HardwareCfg, policy: AmpPolicy | None = None) -> dict[st
 def dry_run(plan: Plan, overrides: list[str], run_dir: Path) -> str:
     """The whole `dry_run=true` text: the launch and the recipe."""
     warn_embedded_data(plan)
-    return dry_run_report(plan, overrides, run_dir) + "\n" + describe(plan)
+    return "\n".join((dry_run_report(plan, overrides, run_dir), card_metrics(plan), describe(plan)))
+
+
+def card_metrics(plan: Plan) -> str:
+    """Whether rank 0 will sample the job's Ascend cards into MLflow's system metrics, and which."""
+    tracking = plan.section("tracking")
+    on = tracking.get("name") == "mlflow" and tracking.get("system_metrics", True)
+    return npu_monitor.describe(tracking.get("system_metrics_interval_s", 10.0) if on else None,
+                                plan.hardware.num_devices)
 
 
 def warn_embedded_data(plan: Plan) -> None:

@@ -2,8 +2,9 @@
 (`MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`) ignores: MLflow's `SystemMetricsMonitor` started on the run id.
 
 Logged under `system/` with step = sample number: MLflow's CPU utilization, system memory, disk and network (and
-NVIDIA/AMD GPU when their libraries are there), plus this process's resident memory and, off the CPU backend, the
-accelerator memory MindSpore's allocator reports. On the CPU backend MindSpore's `memory_allocated()` is always 0
+NVIDIA/AMD GPU when their libraries are there), plus this process's resident memory, off the CPU backend the
+accelerator memory MindSpore's allocator reports, and where npu-smi is on PATH the job's Ascend cards
+(`system/npu_<id>_*`, npu_monitor.py). On the CPU backend MindSpore's `memory_allocated()` is always 0
 (it has no device pool there), so no device metric is logged rather than a misleading 0.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import psutil
 from mlflow.system_metrics.metrics.base_metrics_monitor import BaseMetricsMonitor
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+from swinexp.tracking.npu_monitor import npu_monitor
 
 log = logging.getLogger("swinexp")
 
@@ -65,6 +68,8 @@ class SystemMetrics:
             monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=resume,
                                            tracking_uri=uri)
             monitor.monitors.append(ProcessMonitor(read_device))
+            if (cards := npu_monitor()) is not None:
+                monitor.monitors.append(cards)
             self._first_step = monitor._logging_step  # MLflow's next step number: 0, or after a resumed run's last
             monitor.start()
             self._monitor = monitor
