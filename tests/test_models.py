@@ -27,6 +27,7 @@ from swinexp.models.layers import (
     window_partition,
     window_reverse,
 )
+from swinexp.models.pretrained import LOAD_DEFAULTS
 from swinexp.models.randomness import draw, philox_key
 from swinexp.models.swin import SwinTransformerBlock, WindowAttention, merge_2x2_reshape, merge_2x2_slice
 from swinexp.registry import ConfigError
@@ -428,8 +429,8 @@ def test_sizes_are_registered_with_their_yaml_values_in_the_signature() -> None:
         builder = MODELS.get(name)
         assert builder.__name__ == name
         params = inspect.signature(builder).parameters
-        assert list(params) == [*inspect.signature(SwinTransformer).parameters, "pretrained"]
-        assert params["pretrained"].default is None
+        assert list(params) == [*inspect.signature(SwinTransformer).parameters, *LOAD_DEFAULTS]
+        assert params["pretrained"].default is None and params["pretrained_resize"].default == "official"
     tiny = inspect.signature(MODELS.get("swin_tiny")).parameters
     assert tiny["drop_path_rate"].default == 0.2
     assert (tiny["depths"].default, tiny["embed_dim"].default) == ([2, 2, 6, 2], 96)

@@ -65,7 +65,7 @@ from swinexp.models.layers import (
     shifted_window_mask,
     stage_windows,
 )
-from swinexp.models.pretrained import load_pretrained
+from swinexp.models.pretrained import LOAD_DEFAULTS, prepare
 from swinexp.models.randomness import RandomSites
 from swinexp.registry import MODELS, ConfigError
 
@@ -700,8 +700,8 @@ class SwinVariant:
 
     Its defaults are those of `conf/model/<name>.yaml` (over `base_swin.yaml`), the one source of each size's
     numbers; they are read on first use, so the registry checks config keys against SwinTransformer's parameters
-    plus `pretrained`, with this size's values as the defaults. `pretrained` is a weight file loaded after init
-    (see pretrained.load_pretrained).
+    plus the weight keys (pretrained.LOAD_DEFAULTS: `pretrained`, `pretrained_resize`, `head_init`, `freeze`), with
+    this size's values as the defaults. `pretrained` is a weight file loaded after init (see pretrained.prepare).
     """
 
     def __init__(self, name: str) -> None:
@@ -712,20 +712,19 @@ class SwinVariant:
     def defaults(self) -> dict[str, Any]:
         from swinexp.models.factory import model_defaults  # factory reads the YAML; it imports the registry only
 
-        return {k: v for k, v in model_defaults(self.__name__).items() if k != "pretrained"}
+        return {k: v for k, v in model_defaults(self.__name__).items() if k not in LOAD_DEFAULTS}
 
     @property
     def __signature__(self) -> inspect.Signature:
         params = list(inspect.signature(SwinTransformer.__init__).parameters.values())[1:]  # drop self
         params = [p.replace(kind=p.KEYWORD_ONLY, default=self.defaults.get(p.name, p.default)) for p in params]
-        weights = inspect.Parameter("pretrained", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                    annotation="str | None")
-        return inspect.Signature([*params, weights], return_annotation=SwinTransformer)
+        weights = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v) for k, v in LOAD_DEFAULTS.items()]
+        return inspect.Signature([*params, *weights], return_annotation=SwinTransformer)
 
-    def __call__(self, pretrained: str | None = None, **overrides: Any) -> SwinTransformer:
+    def __call__(self, **overrides: Any) -> SwinTransformer:
+        weights = {k: overrides.pop(k) for k in LOAD_DEFAULTS if k in overrides}
         model = SwinTransformer(**{**self.defaults, **overrides})
-        if pretrained:
-            load_pretrained(model, pretrained)
+        prepare(model, **weights)
         return model
 
 
