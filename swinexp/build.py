@@ -22,7 +22,7 @@ from swinexp.data.datasets import check_data_args
 from swinexp.data.native import native_of
 from swinexp.data.pipeline import EpochSampler
 from swinexp.data.transforms import EvalTransform
-from swinexp.engine.experiment import Experiment
+from swinexp.engine.experiment import Experiment, start_params
 from swinexp.models import fused_cpu
 from swinexp.models.swin import check_resolution
 from swinexp.optim import lr_scale
@@ -287,6 +287,7 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: boo
     if amp_report:
         images, _ = next(iter(val_loader.epoch(0)))
         fp32 = precision_report.fp32_outputs(model, images)
+    started = model  # the built cell, which carries its pretrained load report and frozen names
     model = amp.apply(model)
     report = precision_report.artifacts(fp32, model, precision, images) if amp_report else None
     steps = optimizer_steps(trainer, len(train_loader))
@@ -295,6 +296,7 @@ def build_experiment(plan: Plan, tracker: Tracker | None = None, amp_report: boo
                           "train batches of an epoch; lower it or raise trainer.limit_train_batches / the data size")
     total_batch = total_batch_size(plan, spec.batch_size)
     optimizer, schedule = build_optimization(plan, model, steps, total_batch)
+    tracker.log_params(start_params(started, optimizer, schedule))
     hw = plan.hardware
     return Experiment(model, spec, train_loader, val_loader, optimizer, schedule, amp, trainer, tracker, steps,
                       total_batch=total_batch, lr_scale=lr_scale(total_batch, trainer.lr_batch_size), plan=plan,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,14 +23,66 @@ log = logging.getLogger("swinexp")
 NO_DECAY_NAMES = ("absolute_pos_embed", "relative_position_bias_table")
 
 
-def param_groups(model: nn.Cell, weight_decay: float) -> list[dict[str, Any]]:
-    """Split trainable params so biases, norm weights and position tables get no weight decay (Swin recipe)."""
-    decay, no_decay = [], []
-    for p in model.trainable_params():
+_BLOCK = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.")
+_DOWNSAMPLE = re.compile(r"^layers\.(\d+)\.downsample\.")
+_STEM = ("patch_embed.", "absolute_pos_embed")
+
+
+def layer_ids(names: Sequence[str]) -> dict[str, int]:
+    """The layer-decay depth of each Swin parameter, as timm's `param_groups_layer_decay` assigns it through
+    SwinTransformer.group_matcher(coarse=False), in the official names: the patch embedding (and an absolute
+    position embedding) 0; block j of stage i 1 + the blocks before it; the patch merging that ends stage i with
+    the first block of stage i+1 (timm opens that stage with it); the final norm with the last block; the head and
+    anything unmatched one deeper than that (timm's last group)."""
+    depths: dict[int, int] = {}
+    for name in names:
+        if m := _BLOCK.match(name):
+            depths[int(m.group(1))] = max(depths.get(int(m.group(1)), 0), int(m.group(2)) + 1)
+    first = {i: 1 + sum(depths.get(j, 0) for j in range(i)) for i in range(max(depths, default=-1) + 2)}
+    last_block = sum(depths.values())
+    ids = {}
+    for name in names:
+        if name.startswith(_STEM):
+            ids[name] = 0
+        elif m := _BLOCK.match(name):
+            ids[name] = first[int(m.group(1))] + int(m.group(2))
+        elif m := _DOWNSAMPLE.match(name):
+            ids[name] = first[int(m.group(1)) + 1]
+        elif name.startswith("norm."):
+            ids[name] = last_block
+        else:
+            ids[name] = last_block + 1
+    return ids
+
+
+def param_groups(model: nn.Cell, weight_decay: float, layer_decay: float = 1.0,
+                 head_lr_scale: float = 1.0) -> list[dict[str, Any]]:
+    """Split trainable params so biases, norm weights and position tables get no weight decay (Swin recipe), and,
+    with `layer_decay` < 1 or a `head_lr_scale`, by layer (`layer_ids`): the LR of layer i of n is times
+    layer_decay ** (n - 1 - i) (timm's param_groups_layer_decay; the head at the full LR, the patch embedding
+    least), the head's also times head_lr_scale.
+
+    Returns:
+        Groups with `params`, `weight_decay`, `lr_scale` and a `name` (decay / no_decay, or layer_<i>.decay ...).
+    """
+    params = model.trainable_params()
+    layered = layer_decay != 1.0 or head_lr_scale != 1.0
+    ids = layer_ids([p.name for p in params]) if layered else {}
+    deepest = max(ids.values(), default=0)
+    groups: dict[str, dict[str, Any]] = {}
+    for p in params:
         skip = p.ndim <= 1 or any(name in p.name for name in NO_DECAY_NAMES)
-        (no_decay if skip else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+        kind = "no_decay" if skip else "decay"
+        scale = 1.0
+        if layered:
+            layer = ids[p.name]
+            scale = layer_decay ** (deepest - layer) * (head_lr_scale if p.name.startswith("head.") else 1.0)
+            kind = f"layer_{layer}.{kind}"
+        group = groups.setdefault(kind, {"params": [], "weight_decay": 0.0 if skip else weight_decay,
+                                         "lr_scale": scale, "name": kind})
+        group["params"].append(p)
+    order = ("decay", "no_decay")  # without layers: the decay group first, as before
+    return sorted(groups.values(), key=lambda g: order.index(g["name"])) if not layered else list(groups.values())
 
 
 OPTIMIZER_KERNELS = KERNEL_MODES  # the model's choices: MindSpore's kernels, or fused_cpu.cc's
@@ -59,7 +112,16 @@ def _adamw_update_graph(fused: bool) -> ops.MultitypeFuncGraph:
     return graph
 
 
+_scale_lr = ops.MultitypeFuncGraph("scale_lr")
+
+
+@_scale_lr.register("Tensor", "Tensor")
+def _scaled(lr: Tensor, scale: Tensor) -> Tensor:
+    return lr * scale
+
+
 UPDATE_STEPS = "adam_update_steps"
+MINDSPORE_GROUP_KEYS = ("params", "weight_decay", "lr", "grad_centralization", "order_params")
 
 
 class AdamW(nn.Optimizer):
@@ -72,7 +134,13 @@ class AdamW(nn.Optimizer):
 
     def __init__(self, params: list[dict[str, Any]], learning_rate: float | Sequence[float],
                  beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, kernel: str = "mindspore") -> None:
-        super().__init__(learning_rate, params)
+        super().__init__(learning_rate, [{k: v for k, v in g.items() if k in MINDSPORE_GROUP_KEYS} for g in params])
+        # a group's `lr_scale` (layer decay) multiplies the scheduled LR of each of its parameters at every step
+        scale_of = {p.name: float(g.get("lr_scale", 1.0)) for g in params for p in g["params"]}
+        self.lr_scales = np.array([scale_of[p.name] for p in self._parameters], np.float32)  # per parameter
+        self.group_scales = {g.get("name", str(i)): float(g.get("lr_scale", 1.0)) for i, g in enumerate(params)}
+        self.scaled_lr = bool((self.lr_scales != 1.0).any())
+        self.lr_scale_tensors = tuple(Tensor(s, ms.float32) for s in self.lr_scales)
         self.update = _adamw_update_graph(kernel == "fused_cpu")
         self.beta1, self.beta2, self.eps = (Tensor(x, ms.float32) for x in (beta1, beta2, eps))
         self.moments1 = zeros_like_params(self._parameters, "adam_m")
@@ -81,7 +149,7 @@ class AdamW(nn.Optimizer):
         # fused_cpu with one LR and float32 parameters (every CPU run): the whole update as one C++ call over all
         # parameters, which also takes the train step's unscale and clip factors (`takes_gradient_factors`), and
         # the global norm as another: two graph nodes where a map over the parameters compiled ~2 s on swin_tiny
-        self.takes_gradient_factors = (kernel == "fused_cpu" and not self.is_group_lr
+        self.takes_gradient_factors = (kernel == "fused_cpu" and not self.is_group_lr and not self.scaled_lr
                                        and all(p.dtype == DTYPE for p in self._parameters))
         if self.takes_gradient_factors:
             self.update_all = FusedAdamWUpdateAll(len(self._parameters))
@@ -119,7 +187,9 @@ class AdamW(nn.Optimizer):
             clip = self.one if clip is None else clip
             return self.update_all(lr * lr_factor, self.beta1, self.beta2, adam_eps, decay_factor, unscale, clip,
                                    apply, self.decays, *self._parameters, *self.moments1, *self.moments2, *gradients)
-        if self.is_group_lr:
+        if self.scaled_lr:
+            lr = self.hyper_map(ops.partial(_scale_lr, lr), self.lr_scale_tensors)  # one LR per parameter
+        if self.is_group_lr or self.scaled_lr:
             update = ops.partial(self.update, self.beta1, self.beta2, adam_eps, lr_factor, decay_factor)
             return self.hyper_map(update, lr, weight_decay, self._parameters, self.moments1, self.moments2,
                                   gradients)
@@ -129,22 +199,33 @@ class AdamW(nn.Optimizer):
 
 @OPTIMIZERS.register("adamw")
 def adamw(model: nn.Cell, lr: float | Sequence[float], weight_decay: float = 0.05,
-          betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, kernel: str = "mindspore") -> nn.Optimizer:
-    """AdamW over `model`'s params with the no-decay groups; `lr` is a constant or one value per optimizer step;
-    `kernel` computes the update (`OPTIMIZER_KERNELS`)."""
+          betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, kernel: str = "mindspore",
+          layer_decay: float = 1.0, head_lr_scale: float = 1.0) -> nn.Optimizer:
+    """AdamW over `model`'s trainable params with the no-decay groups; `lr` is a constant or one value per
+    optimizer step, times each group's layer-decay scale (`param_groups`); `kernel` computes the update
+    (`OPTIMIZER_KERNELS`)."""
     if weight_decay < 0:
         raise ConfigError(f"optimizer.weight_decay={weight_decay} must be >= 0")
     if kernel not in OPTIMIZER_KERNELS:
         raise ConfigError(f"optimizer.kernel={kernel!r} is not one of {', '.join(OPTIMIZER_KERNELS)}; fused_cpu is "
                           "swinexp's C++ update for CPU runs, mindspore the framework's kernel for any device")
-    return AdamW(param_groups(model, weight_decay), lr, beta1=betas[0], beta2=betas[1], eps=eps, kernel=kernel)
+    if not 0 < layer_decay <= 1:
+        raise ConfigError(f"optimizer.layer_decay={layer_decay} must be in (0, 1]: each earlier layer's LR is times "
+                          "it (e.g. 0.9); 1.0 = one LR for all layers")
+    if head_lr_scale <= 0:
+        raise ConfigError(f"optimizer.head_lr_scale={head_lr_scale} must be > 0 (1.0 = the head at the base LR)")
+    groups = param_groups(model, weight_decay, layer_decay, head_lr_scale)
+    if not groups:
+        raise ConfigError("the model has no trainable parameter left: model.freeze covers all of them")
+    return AdamW(groups, lr, beta1=betas[0], beta2=betas[1], eps=eps, kernel=kernel)
 
 
 @OPTIMIZERS.register("adamw_swin")
 def adamw_swin(model: nn.Cell, lr: float | Sequence[float], weight_decay: float = 0.05,
-               betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, kernel: str = "mindspore") -> nn.Optimizer:
+               betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, kernel: str = "mindspore",
+               layer_decay: float = 1.0, head_lr_scale: float = 1.0) -> nn.Optimizer:
     """The official Swin recipe's AdamW; its YAML quotes lr 5e-4 at total batch 512 (trainer.lr_batch_size)."""
-    return adamw(model, lr, weight_decay, betas, eps, kernel)
+    return adamw(model, lr, weight_decay, betas, eps, kernel, layer_decay, head_lr_scale)
 
 
 def lr_scale(total_batch: int, lr_batch_size: int | None) -> float:

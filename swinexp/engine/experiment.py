@@ -1,8 +1,10 @@
-"""`Experiment`: everything one training job needs, built and validated (by `swinexp.build.build_experiment`)."""
+"""`Experiment`: everything one training job needs, built and validated (by `swinexp.build.build_experiment`), and
+`start_params`: what the run's MLflow params say about where it starts (pretrained file, frozen layers, LR groups)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from mindspore import nn
@@ -36,3 +38,26 @@ class Experiment:
     def jit_level(self) -> str | None:
         """hardware.jit_level, for ms.jit of the train and eval steps (None: ms.jit's default)."""
         return self.plan.hardware.jit_level if self.plan is not None else None
+
+
+def start_params(model: nn.Cell, optimizer: nn.Optimizer, schedule: np.ndarray) -> dict[str, Any]:
+    """MLflow params of a run's starting point, logged before its first step.
+
+    - `pretrained.layout`, `pretrained.head` (loaded | map22kto1k | dropped | reset | zeros | none) and
+      `pretrained.resized` (each resized position tensor, "name (169, 3) -> (529, 3) official"; "none"), when
+      model.pretrained loaded a file (models.pretrained.prepare keeps its report on the model);
+    - `model.frozen_tensors`: how many parameters model.freeze took out of training;
+    - `lr_group.<group>`: each LR group's peak LR (the schedule's peak times the group's layer-decay scale), when
+      the groups' LRs differ (optimizer.layer_decay, optimizer.head_lr_scale).
+    """
+    params: dict[str, Any] = {}
+    if (report := getattr(model, "pretrained_report", None)) is not None:
+        params.update({"pretrained.layout": report.layout, "pretrained.head": report.head,
+                       "pretrained.resized": "; ".join(report.resized) or "none"})
+    if frozen := getattr(model, "frozen", ()):
+        params["model.frozen_tensors"] = len(frozen)
+    scales = getattr(optimizer, "group_scales", {})
+    if len(set(scales.values())) > 1:
+        peak = float(np.max(schedule)) if np.size(schedule) else 0.0
+        params.update({f"lr_group.{name}": peak * scale for name, scale in scales.items()})
+    return params
