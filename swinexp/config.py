@@ -75,6 +75,9 @@ class TrainerCfg:
     max_overflow_at_min_scale: int = 10         # consecutive overflow-skipped optimizer steps at the smallest loss
                                                 # scale that stop it (a saturating card never shows a non-finite loss)
     profile: ProfileCfg = field(default_factory=ProfileCfg)
+    straggler_factor: float = 1.5               # several ranks: a rank whose step time exceeds this x the other
+    straggler_patience: int = 3                 # ranks' median at this many read points in a row is flagged
+                                                # (a warning, tag straggler.ranks; engine/rank_times.py)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from swinexp.config import TrainerCfg
 from swinexp.engine import checkpoint
 from swinexp.engine.evaluate import EvalStep, evaluate, make_eval_step
 from swinexp.engine.experiment import Experiment
+from swinexp.engine.rank_times import StepClock, StragglerWatch, rank_file
 from swinexp.engine.resume import PROGRESS_KEY, Progress, ResumePoint
 from swinexp.engine.step import StepOutput, TrainStep, read_all, train_step_for
 from swinexp.runtime import compile_cache, launch, phases
@@ -86,11 +87,13 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
     profiler = _profiler(trainer, run_dir)
     last_epoch = trainer.stop_after_epoch or trainer.epochs
     streaks = _Streaks()
+    clock, watch = _rank_times(exp, run_dir, distributed)
     with stop_on_signals() as stop:
         while progress.epoch < last_epoch:
             epoch = progress.epoch
             start = time.perf_counter() - progress.train_time_s
-            lr = _train_epoch(exp, train_step, progress, checkpoints, stop, profiler, start, run_dir, streaks)
+            lr = _train_epoch(exp, train_step, progress, checkpoints, stop, profiler, start, run_dir, streaks, clock,
+                              watch)
             metrics = _epoch_metrics(exp, train_step, eval_step, progress, time.perf_counter() - start, lr,
                                      distributed)
             best = metrics["val/top1"] > max((m["val/top1"] for m in progress.history), default=-math.inf)
@@ -100,6 +103,8 @@ def fit(exp: Experiment, run_dir: Path, jit: bool, resume_from: ResumePoint | No
             checkpoints.save(progress, best)
             phases.mark("mlflow")
             exp.tracker.log_metrics(metrics, step=epoch + 1)  # step 10 = end of the tenth epoch
+            if watch is not None and (rank_metrics := watch.end_epoch()):  # the ranks met in evaluate's all-reduce
+                exp.tracker.log_metrics(rank_metrics, step=epoch + 1)
             _log_epoch(epoch, trainer.epochs, metrics)
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
@@ -136,14 +141,25 @@ def _starting_progress(exp: Experiment, train_step: TrainStep, resume_from: Resu
     return progress
 
 
+def _rank_times(exp: Experiment, run_dir: Path, distributed: bool) -> tuple[StepClock, StragglerWatch | None]:
+    """This rank's step clock (recording only with several ranks) and, on rank 0 of several, the straggler watch."""
+    if not distributed:
+        return StepClock(None), None
+    world, trainer = launch.world_size(exp.plan.hardware), exp.trainer
+    watch = (StragglerWatch(run_dir, world, trainer.straggler_factor, trainer.straggler_patience, exp.tracker)
+             if launch.rank() == 0 else None)
+    return StepClock(rank_file(run_dir, launch.rank())), watch
+
+
 def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, checkpoints: _Checkpoints,
                  stop: StopRequest, profiler: StepProfiler | None, start: float, run_dir: Path,
-                 streaks: _Streaks) -> float:
+                 streaks: _Streaks, clock: StepClock, watch: StragglerWatch | None) -> float:
     """Train the rest of epoch `progress.epoch`; return the LR of its last optimizer step (nan: none taken here).
 
     The host never waits for the device between read points: step outputs stay on the device and are read in one
     transfer every trainer.log_every_n_steps optimizer steps, before a checkpoint and at the epoch's end
-    (`_Readback`); the optimizer step and the LR are counted on the host.
+    (`_Readback`); the optimizer step and the LR are counted on the host. `clock` times the intervals between those
+    reads on the host; `watch` (rank 0 of several) reads every rank's at them (engine/rank_times.py).
 
     Raises:
         Interrupted: a signal arrived (checkpointed after the current optimizer step).
@@ -157,7 +173,8 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
     bar = tqdm(total=exp.steps_per_epoch, initial=progress.batches_done // trainer.accumulation_steps,
                desc=f"epoch {progress.epoch + 1}/{trainer.epochs}", leave=False, dynamic_ncols=True,
                disable=not (trainer.progress_bar and checkpoints.main_rank))
-    readback = _Readback(exp, progress, bar, start, streaks)
+    readback = _Readback(exp, progress, bar, start, streaks, clock)
+    clock.restart()
     lr = float("nan")
     batches = exp.train_loader.epoch(progress.epoch, start_batch=progress.batches_done)
     for images, targets in _limit(batches, micro_batches - progress.batches_done):
@@ -166,10 +183,11 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
             profiler.before_step(step_number)
         if graph := train_step.next_compile():
             bar.set_postfix_str(compile_cache.compiling(graph))
-        with compile_cache.first_call(graph):
+        with clock.waiting(), compile_cache.first_call(graph):
             out = train_step(images, targets)
         if graph:
             bar.set_postfix_str("")
+            clock.exclude()
         phases.mark("step")
         progress.batches_done += 1
         progress.seen += int(images.shape[0])
@@ -187,6 +205,8 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
         if (stop.signum is not None or mid_epoch_due or progress.batches_done == micro_batches
                 or train_step.optimizer_step % trainer.log_every_n_steps == 0):
             readback.read(lr)
+            if watch is not None:
+                watch.poll()
         if readback.tripped is not None:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)  # the updates of non-finite steps were skipped: these are the last good weights
@@ -194,6 +214,7 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
         if stop.signum is not None or mid_epoch_due:
             progress.train_time_s = time.perf_counter() - start
             checkpoints.save(progress)
+            clock.restart()
             if stop.signum is not None:
                 raise Interrupted(stop.signum)
     readback.read(lr)  # a resumed epoch with nothing left to train, or a limit that ended it early
@@ -204,8 +225,10 @@ def _train_epoch(exp: Experiment, train_step: TrainStep, progress: Progress, che
 class _Readback:
     """The step outputs the host has not looked at yet, and what it does with them once read in one transfer."""
 
-    def __init__(self, exp: Experiment, progress: Progress, bar: tqdm, start: float, streaks: _Streaks) -> None:
+    def __init__(self, exp: Experiment, progress: Progress, bar: tqdm, start: float, streaks: _Streaks,
+                 clock: StepClock) -> None:
         self.exp, self.progress, self.bar, self.start, self.streaks = exp, progress, bar, start, streaks
+        self.clock = clock
         self.pending: list[tuple[StepOutput, int, int]] = []
         self.tripped: tuple[int, int] | None = None  # (batch, optimizer step) where a run reached its limit
         self.overflowed = False  # the limit reached was the overflow run's (a saturating card hides nan/inf)
@@ -218,7 +241,8 @@ class _Readback:
         """Copy the pending outputs to the host (one sync) and account for them: epoch sums, step metrics, bar."""
         if not self.pending:
             return
-        read_all([out for out, _, _ in self.pending])
+        with self.clock.waiting():
+            read_all([out for out, _, _ in self.pending])
         progress, accumulation = self.progress, self.exp.trainer.accumulation_steps
         for out, step, batch in self.pending:
             progress.losses.append(out.loss)
@@ -239,6 +263,7 @@ class _Readback:
             self.exp.tracker.log_step_metrics({
                 "step/train/loss": float(np.mean(progress.losses[-accumulation:])),
                 "step/train/loss_scale": out.loss_scale, "step/train/overflow": float(out.overflow)}, step=step)
+        self.clock.mark(progress.epoch, self.pending[-1][1], sum(out.updated for out, _, _ in self.pending))
         self.pending = []
         self.bar.set_postfix(loss=f"{progress.losses[-1]:.4f}", lr=f"{lr:.2e}",
                              img_s=f"{progress.seen / (time.perf_counter() - self.start):.1f}")
