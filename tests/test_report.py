@@ -109,9 +109,10 @@ def test_sweep_report_lists_failed_jobs_writes_a_self_contained_page_and_shares_
 
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<td>amp=o2</td><td>21.00</td>" in page and "#2 amp=o3: ConfigError: no fp16 on CPU" in page
-    assert page.count("<svg") == 1  # val/top1; train/loss was not logged here: a note instead of its chart
-    assert "<h2>val/top1</h2><svg" in page and "No train/loss was logged" in page
-    assert page.count('<g data-job="amp=o0">') == 1 and page.count("<circle") == 5  # a point per logged epoch
+    # val/top1 and amp=o2's difference to amp=o0; train/loss was not logged here: a note instead of its chart
+    assert page.count("<svg") == 2 and "No train/loss was logged" in page
+    assert page.count('<g data-job="amp=o0">') == 1  # inside its arm's group
+    assert page.count("<circle") == 5 + 2  # a point per logged epoch, and per epoch of the difference (1, 2)
     assert "<title>amp=o2: epoch 2, val/top1 21</title>" in page  # hover text
     assert not re.search(r"(src|href)=\"https?:", page)  # self-contained: opens offline
     downloaded = client.download_artifacts(parent, "report/report.html", str(tmp_path / "back"))

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from swinexp.tracking.protocol import STOPPED_TAG
 from swinexp.tracking.ui import ARM_TAG
-from swinexp.tracking.verdict import MARGIN, METHOD, Gap, Seed, compare
+from swinexp.tracking.verdict import MARGIN, METHOD, Gap, Interval, Seed, compare, paired_interval
 
 Curve = Mapping[int, float]  # epoch -> value
 AMP_EFFECTIVE_TAG = "amp.effective"  # every training run's: its amp policy as the chip computes it (amp/precision.py)
@@ -188,8 +188,83 @@ def log_verdicts(client: MlflowClient, parent_id: str, runs: Sequence[Run], curv
         client.set_tag(parent_id, f"verdict/{stem}", f"{row[-1]} (gap {row[2]}{interval}, paired seeds {row[1]})")
 
 
+def match_arm(name: str, arms: Sequence[str]) -> str:
+    """The arm `name` means: an arm's whole name ('amp=o2') or its values alone ('o2', as `sweep.baseline=o2` is
+    typed without quoting the '=').
+
+    Raises:
+        ValueError: no arm, or more than one, has that name, listing the arms.
+    """
+    if name in arms:
+        return name
+    found = [arm for arm in arms if " ".join(part.split("=", 1)[-1] for part in arm.split()) == name]
+    if len(found) != 1:
+        raise ValueError(f"baseline '{name}' is {'not an arm' if not found else 'more than one arm'} of this sweep; "
+                         f"choose one of: {', '.join(arms)} (e.g. sweep.baseline='{arms[0] if arms else ''}')")
+    return found[0]
+
+
 def gaps_of(runs: Sequence[Run], curves: Sequence[Curve], metric: str, epoch: int, baseline: str | None = None,
             margin: float = MARGIN) -> list[Gap]:
-    """Each arm of `runs` against `baseline` (default: the arm of the first run) at `epoch`."""
+    """Each arm of `runs` against `baseline` (default: the arm of the first run; see `match_arm`) at `epoch`."""
     arms = arm_values(runs, curves, metric, epoch)
-    return compare(arms.values, baseline, arms.excluded, margin)
+    named = list(dict.fromkeys([*arms.values, *arms.excluded]))
+    return compare(arms.values, match_arm(baseline, named) if baseline is not None else None, arms.excluded, margin)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm's runs for a chart: the finished seeds' curves (its mean and band) and the runs that did not finish
+    (drawn on their own, kept out of the mean and band)."""
+
+    name: str                     # the arm as reports show it (its label)
+    finished: dict[str, Curve]    # job label -> curve, FINISHED runs
+    unfinished: dict[str, Curve]  # job label -> curve, with the run's status in the label
+
+    def band(self) -> dict[int, tuple[float, float, float]]:
+        """epoch -> (mean, min, max) over the finished seeds that logged it."""
+        epochs = sorted({e for c in self.finished.values() for e in c})
+        values = {e: [c[e] for c in self.finished.values() if e in c] for e in epochs}
+        return {e: (sum(v) / len(v), min(v), max(v)) for e, v in values.items()}
+
+
+def chart_arms(runs: Sequence[Run], curves: Sequence[Curve]) -> list[Arm]:
+    """`runs` with their curves as arms, in the order of their first job, labelled as `arm_labels` names them."""
+    labels = arm_labels(runs)
+    arms: dict[str, Arm] = {}
+    for run, curve in zip(runs, curves):
+        arm = arms.setdefault(without_seed(run.info.run_name),
+                              Arm(labels[without_seed(run.info.run_name)], {}, {}))
+        if run.info.status == "FINISHED":
+            arm.finished[job_label(run)] = dict(curve)
+        else:
+            arm.unfinished[f"{job_label(run)} ({run.info.status})"] = dict(curve)
+    return list(arms.values())
+
+
+def paired_differences(runs: Sequence[Run], curves: Sequence[Curve], baseline: str) -> dict[str, dict[int, Interval]]:
+    """Each other arm's difference to `baseline` at every epoch, over the seeds both ran to that epoch (finished
+    runs only): the paired 95% interval from 2 seeds on, the difference itself (a zero-width interval) from one.
+
+    Args:
+        runs, curves: The sweep's runs and their curves of one metric.
+        baseline: The baseline arm's name (a run name without `seed=`).
+    """
+    finished: dict[str, dict[Seed, Curve]] = {}
+    for run, curve in zip(runs, curves):
+        if run.info.status == "FINISHED":
+            finished.setdefault(without_seed(run.info.run_name), {}).setdefault(seed_of(run), curve)
+    base = finished.get(baseline, {})
+    out: dict[str, dict[int, Interval]] = {}
+    for arm, seeds in finished.items():
+        if arm == baseline:
+            continue
+        series: dict[int, Interval] = {}
+        for e in sorted({e for c in seeds.values() for e in c}):
+            diffs = [seeds[s][e] - base[s][e] for s in seeds if s in base and e in seeds[s] and e in base[s]]
+            if len(diffs) >= 2:
+                series[e] = paired_interval(diffs)
+            elif diffs:
+                series[e] = Interval(diffs[0], diffs[0], diffs[0])
+        out[arm] = series
+    return out

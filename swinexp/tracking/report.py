@@ -11,7 +11,7 @@ import argparse
 import csv
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
@@ -22,11 +22,13 @@ from mlflow.tracking import MlflowClient
 from swinexp.tracking import FAILED_JOBS_TAG, report_html, resolve_uri, ui
 from swinexp.tracking.arms import (
     VERDICT_HEADER,
+    Arm,
     arm_labels,
+    chart_arms,
     gaps_of,
-    job_label,
     left_out,
     log_verdicts,
+    paired_differences,
     run_status,
     tag_arms,
     verdict_markdown,
@@ -35,7 +37,7 @@ from swinexp.tracking.arms import (
     without_seed,
 )
 from swinexp.tracking.ui import UI_PORT
-from swinexp.tracking.verdict import MARGIN, METHOD
+from swinexp.tracking.verdict import MARGIN, METHOD, Interval
 
 REPORT_FILES = ("report.md", "report.csv", "curves.png", "report.html")
 
@@ -154,38 +156,57 @@ def write_csv(rows: list[Row], path: Path) -> None:
                              r.images_per_s, r.status])
 
 
-def plot(client: MlflowClient, runs: list[Run], metric: str, epoch: int, title: str, path: Path) -> None:
-    """One line per arm (runs that differ only in seed): the mean over its finished seeds with their min–max band;
-    a run that did not finish is drawn on its own, dashed, and kept out of its arm's mean and band."""
+def plot(arms: Sequence[Arm], differences: Mapping[str, Mapping[int, Interval]], labels: Mapping[str, str],
+         baseline: str | None, metric: str, epoch: int, margin: float, title: str, path: Path) -> None:
+    """Top: one line per arm, the mean over its finished seeds with their min–max band; a run that did not finish
+    is drawn on its own, dashed, and kept out of its arm's mean and band. Below, where there is a baseline: each
+    other arm's paired difference to it over epochs with its 95% interval as a band, the ±margin lines and 0."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    arms = arm_labels(runs)
-    for colour, arm in zip(cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"]), arms):
-        members = [r for r in runs if without_seed(r.info.run_name) == arm]
-        curves = [history(client, r, metric) for r in members if r.info.status == "FINISHED"]
-        epochs = sorted({e for c in curves for e in c})
-        per_epoch = [[c[e] for c in curves if e in c] for e in epochs]
-        if epochs:
-            label = arms[arm] if len(curves) == 1 else f"{arms[arm]} (mean of {len(curves)} seeds, min–max band)"
-            ax.plot(epochs, [sum(v) / len(v) for v in per_epoch], marker="o", ms=3, color=colour, label=label)
-            if len(curves) > 1:
-                ax.fill_between(epochs, [min(v) for v in per_epoch], [max(v) for v in per_epoch], color=colour,
-                                alpha=0.25, lw=0)
-        for run in (r for r in members if r.info.status != "FINISHED"):
-            curve = sorted(history(client, run, metric).items())
+    panels = 2 if differences else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(7, 4.5 * panels), dpi=110, squeeze=False, sharex=True)
+    top = axes[0][0]
+    colours = dict(zip((a.name for a in arms), cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])))
+    for arm in arms:
+        colour, band = colours[arm.name], arm.band()
+        if band:
+            seeds = len(arm.finished)
+            epochs = list(band)
+            top.plot(epochs, [band[e][0] for e in epochs], marker="o", ms=3, color=colour,
+                     label=arm.name if seeds == 1 else f"{arm.name} (mean of {seeds} seeds, min–max band)")
+            if seeds > 1:
+                top.fill_between(epochs, [band[e][1] for e in epochs], [band[e][2] for e in epochs], color=colour,
+                                 alpha=0.25, lw=0)
+        for label, curve in arm.unfinished.items():
             if curve:
-                ax.plot([e for e, _ in curve], [v for _, v in curve], ls="--", lw=1, color=colour,
-                        label=f"{job_label(run)} ({run.info.status})")
-    ax.axvline(epoch, color="grey", ls=":", lw=1)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="epoch", ylabel=metric, title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+                top.plot(sorted(curve), [curve[e] for e in sorted(curve)], ls="--", lw=1, color=colour, label=label)
+    top.set(ylabel=metric, title=title)
+    if differences:
+        below = axes[1][0]
+        for arm, series in differences.items():
+            name, epochs = labels.get(arm, arm), sorted(series)
+            if not epochs:
+                continue
+            colour = colours.get(name, "grey")
+            below.plot(epochs, [series[e].mean for e in epochs], marker="o", ms=3, color=colour,
+                       label=f"{name} − {labels.get(baseline or '', baseline)}")
+            below.fill_between(epochs, [series[e].lo for e in epochs], [series[e].hi for e in epochs], color=colour,
+                               alpha=0.25, lw=0)
+        below.axhline(0, color="black", lw=0.8)
+        for edge in (-margin, margin):
+            below.axhline(edge, color="grey", ls="--", lw=0.8)
+        below.set(ylabel=f"paired difference ({metric})",
+                  title=f"paired difference to the baseline: mean over seeds, 95% interval; dashed: ±{margin:g}")
+    for (ax,) in axes:
+        ax.axvline(epoch, color="grey", ls=":", lw=1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[-1][0].set(xlabel="epoch")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -278,15 +299,21 @@ def sweep_report(tracking_uri: str, experiment: str, parent_run_id: str, metric:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(f"# {parent.info.run_name}\n\n{verdicts}{table}{failures}")
     write_csv(rows, out / "report.csv")
-    plot(client, runs, metric, epoch, parent.info.run_name, out / "curves.png")
-    jobs = [job_label(r) for r in runs]
-    charts = {m: {job_label(r): history(client, r, m) for r in runs} for m in dict.fromkeys((metric, "train/loss"))}
+    base = gaps[0].baseline if gaps else None
+    differences = paired_differences(runs, curves, base) if base is not None else {}
+    arms = chart_arms(runs, curves)
+    plot(arms, differences, labels, base, metric, epoch, margin, parent.info.run_name, out / "curves.png")
+    charts = {metric: arms, **({"train/loss": chart_arms(runs, [history(client, r, "train/loss") for r in runs])}
+                               if metric != "train/loss" else {})}
     head = report_html.Section(verdict_title(metric, epoch, gaps, labels), VERDICT_HEADER, verdict_rows(gaps, labels),
                                [METHOD, *(["Left out (never averaged in): " + "; ".join(left_out(gaps))]
                                           if left_out(gaps) else [])]) if gaps else None
+    gap_chart = report_html.DifferenceChart(
+        f"{metric}: paired difference to {labels.get(base, base)}",
+        {labels.get(arm, arm): series for arm, series in differences.items()}, margin) if differences else None
     (out / "report.html").write_text(report_html.page(
-        parent.info.run_name, table_header(metric, epoch), [row_cells(r) for r in rows], charts, jobs, epoch, failed,
-        head))
+        parent.info.run_name, table_header(metric, epoch), [row_cells(r) for r in rows], charts, epoch, failed,
+        head, gap_chart))
     for name in REPORT_FILES:
         client.log_artifact(parent_run_id, str(out / name), artifact_path="report")
     log_verdicts(client, parent_run_id, runs, curves, metric, epoch, gaps)
