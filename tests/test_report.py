@@ -4,10 +4,12 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from PIL import Image
+from scipy import stats
 
 from swinexp.tracking.report import best_trial, main, sweep_report
 
@@ -196,6 +198,33 @@ def test_curves_draw_each_arms_mean_with_its_min_max_band_over_seeds(tmp_path: P
         # each band is its arm's colour (matplotlib's tab10 blue, orange) at alpha 0.25 over white
         blue_band, orange_band = _pixels_near(img, (199, 221, 236)), _pixels_near(img, (255, 223, 195))
     assert blue_band > 2000 and orange_band > 2000, (blue_band, orange_band)
+
+
+def test_the_paired_difference_to_the_baseline_is_drawn_over_epochs_with_its_interval(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    parent = client.create_run(exp, run_name="sweep amp=o0,o2 seed=1,2,3", tags={"sweep.role": "parent"}).info.run_id
+    o0 = {1: [10.0, 20.0, 30.0], 2: [16.0, 28.0, 36.0], 3: [12.0, 25.0, 31.0]}
+    o2 = {1: [14.0, 26.0, 35.0], 2: [19.0, 31.0, 42.0], 3: [17.0, 29.0, 37.0]}  # 3 to 6 points above o0, per seed
+    for job, (name, top1) in enumerate((f"amp={arm} seed={seed}", values[seed]) for arm, values in
+                                       (("o0", o0), ("o2", o2)) for seed in (1, 2, 3)):
+        _child(client, exp, parent, job, name, top1)
+    sweep_report(uri, "e", parent, epoch=3, out=tmp_path / "out")
+
+    page = (tmp_path / "out" / "report.html").read_text()
+    for epoch in (1, 2, 3):  # the page's interval at each epoch is SciPy's paired t interval of the differences
+        diffs = [o2[seed][epoch - 1] - o0[seed][epoch - 1] for seed in (1, 2, 3)]
+        lo, hi = stats.t.interval(0.95, 2, loc=np.mean(diffs), scale=stats.sem(diffs))
+        assert (f"amp=o2: epoch {epoch}, paired difference {np.mean(diffs):+.3g}, 95% interval [{lo:+.3g}, "
+                f"{hi:+.3g}]") in page
+    assert "<h2>val/top1: paired difference to amp=o0</h2>" in page
+    with Image.open(tmp_path / "out" / "curves.png") as img:
+        width, height = img.size
+        top, below = img.crop((0, 0, width, height // 2)), img.crop((0, height // 2, width, height))
+        orange = (255, 223, 195)  # amp=o2's colour at alpha 0.25 over white: its band above, its interval below
+        assert _pixels_near(top, (199, 221, 236)) > 2000 and _pixels_near(top, orange) > 2000
+        assert _pixels_near(below, orange) > 2000 and _pixels_near(below, (199, 221, 236)) == 0  # o0 is the base
 
 
 def test_arms_that_computed_another_amp_than_their_name_are_labelled_by_what_they_computed(tmp_path: Path) -> None:

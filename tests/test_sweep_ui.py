@@ -144,14 +144,17 @@ def test_the_link_a_sweep_prints_opens_one_val_top1_line_per_arm_with_its_band(t
         page.screenshot(path=str(ARTIFACTS / "2-chart-enlarged.png"))
         print(f"clicks to the enlarged chart: {clicks}")
 
-        # the report page the sweep wrote, without a server: a line per job, hidden by unticking the job
+        # the report page the sweep wrote, without a server: per arm its mean, its band over the seeds and each
+        # seed's line, and its paired difference to amp=o0 with the interval; unticking an arm hides it everywhere
         report = browser.new_page(viewport={"width": 1000, "height": 1100})
         report.goto((tmp_path / "multirun" / "report" / "report.html").as_uri())
-        lines = report.locator('g[data-job="amp=o2 seed=0"]')
-        assert lines.count() == 2 and lines.first.is_visible()  # in the val/top1 and the train/loss chart
-        report.locator('input[data-job="amp=o2 seed=0"]').uncheck()
+        o2 = report.locator('g[data-arm="amp=o2"]')
+        assert o2.count() == 3  # in the val/top1, the train/loss and the paired-difference chart
+        assert all(o2.nth(i).locator("polygon.band").count() == 1 for i in range(3))  # a band in each
+        assert o2.first.locator("g[data-job]").count() == 2 and o2.first.is_visible()  # seed 0 and 1
+        report.locator('input[data-arm="amp=o2"]').uncheck()
         clicks += 1  # uncheck() is a click on the box
-        assert not lines.first.is_visible() and not lines.last.is_visible()
-        assert report.locator('g[data-job="amp=o0 seed=0"]').first.is_visible()
+        assert not any(o2.nth(i).is_visible() for i in range(3))
+        assert report.locator('g[data-arm="amp=o0"]').first.is_visible()
         report.screenshot(path=str(ARTIFACTS / "3-report-html.png"), full_page=True)
     print(f"clicks this test made in all: {clicks}")
