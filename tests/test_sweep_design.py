@@ -113,3 +113,11 @@ def test_a_baseline_that_is_no_arm_stops_the_sweep_before_any_job(tmp_path: Path
     assert ("ConfigError: sweep.baseline: baseline 'o5' is not an arm of this sweep; choose one of: amp=o0, amp=o2, "
             "amp=o1_manual") in out.stderr
     assert not any((tmp_path / "multirun").glob("*/"))  # no job started
+
+
+def test_seeds_without_a_named_sweep_is_refused_with_both_fixes(tmp_path: Path) -> None:
+    out = _run("-m", "amp=o0,o2", "seeds=3", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "ConfigError: seeds=3 sets how many paired seeds each arm of a named sweep runs (e.g. python run.py "
+        "sweep=amp_ablation seeds=3); for your own -m sweep list the seeds, e.g. seed=0,1,2")
+    assert not (tmp_path / "multirun").exists()

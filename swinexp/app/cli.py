@@ -6,6 +6,8 @@ config, `-cd DIR` adds the user's own config directory (e.g. `DIR/model/my_model
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Sequence
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -17,8 +19,24 @@ from swinexp.registry import ConfigError
 from swinexp.runtime.gc_pause import long_lived_imports
 
 
+def main() -> None:
+    """The command: the checks Hydra's own errors would word misleadingly, then Hydra."""
+    if (line := misplaced_seeds(sys.argv[1:])) is not None:
+        raise SystemExit(f"ConfigError: {line}")
+    _main()
+
+
+def misplaced_seeds(args: Sequence[str]) -> str | None:
+    """`seeds=N` without a named sweep: Hydra would suggest `+seeds=N`, which would change nothing."""
+    given = [a for a in args if a.startswith("seeds=")]
+    if not given or any(a.startswith("sweep=") for a in args):
+        return None
+    return (f"{given[0]} sets how many paired seeds each arm of a named sweep runs (e.g. python run.py "
+            f"sweep=amp_ablation {given[0]}); for your own -m sweep list the seeds, e.g. seed=0,1,2")
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def _main(cfg: DictConfig) -> float | None:
     if (line := _leaves_launch_to_another_copy(cfg)) is not None:
         print(line, flush=True)
         return None
