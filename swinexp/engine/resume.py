@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swinexp.engine import checkpoint
 from swinexp.registry import ConfigError
 from swinexp.tracking import flatten
 
@@ -67,6 +66,8 @@ def locate(resume: str | None, run_dir: Path) -> ResumePoint | None:
     Raises:
         ConfigError: a given path that holds no readable checkpoint.
     """
+    from swinexp.engine import checkpoint  # MindSpore: not for a sweep's process, which only compares configs
+
     if resume is None or resume == "never":
         return None
     if resume == "auto":
@@ -117,6 +118,14 @@ def restoring_overrides(changed: Mapping[str, tuple], current: Mapping[str, str 
     return out
 
 
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ, but for those a continuation may change (NOT_COMPARED):
+    {key: (saved value, current value)}, sorted by key."""
+    old, new = flatten(dict(saved)), flatten(dict(current))
+    return {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
+            if old.get(k) != new.get(k) and k not in NOT_COMPARED}
+
+
 def check_compatible(saved: dict[str, Any], current: dict[str, Any],
                      saved_choices: Mapping[str, str | None] | None = None,
                      choices: Mapping[str, str | None] | None = None, force: bool = False) -> None:
@@ -138,9 +147,7 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any],
                 "to start over, use a new run dir (hydra.run.dir=...) or trainer.resume=null")
         log.warning("trainer.resume_force=true: resuming with other config group choices than the checkpoint's: %s",
                     listed)
-    old, new = flatten(saved), flatten(current)
-    changed = {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
-               if old.get(k) != new.get(k) and k not in NOT_COMPARED}
+    changed = config_differences(saved, current)
     model = {k: v for k, v in changed.items() if k.startswith("model.") and k != "model.pretrained"}
     if model:
         listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in model.items())
