@@ -247,6 +247,20 @@ class IsolatedLauncher(Launcher):
         return [*command, *overrides, f"hydra.run.dir={_quote(str(job_dir))}", "hydra.mode=RUN"]
 
 
+def live_job_pid(job_dir: Path) -> Optional[int]:
+    """The process of a job an earlier sweep command started in `job_dir` and that still runs (its sweep's process
+    died without it), or None. Linux only (/proc); elsewhere None."""
+    path = job_dir / JOB_RECORD_FILE
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if record.get("pid") is None or "end" in record:
+        return None
+    try:  # the pid may be another process's by now: it is the job's if it runs in the job's dir
+        command = Path(f"/proc/{record['pid']}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    return int(record["pid"]) if f"hydra.run.dir={_quote(str(job_dir))}" in command.split("\0") else None
+
+
 def _own_port(job: Job) -> list[str]:
     """Concurrent msrun jobs on one host each need a scheduler port of their own: the preset's port plus the
     job's first device id (device sets are disjoint, so the ports are too)."""

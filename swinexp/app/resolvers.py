@@ -5,6 +5,7 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from swinexp.app.sweep_identity import sweep_dir
 from swinexp.config import HardwareCfg, TrainerCfg
 from swinexp.runtime import modelarts, slurm
 
@@ -21,7 +22,8 @@ def register_resolvers() -> None:
     `${swinexp.slurm_master_addr:127.0.0.1}`: SLURM's values, else the default; `${swinexp.min:a,b}`, e.g. a
     screen that stops at epoch 10 or at the end of a shorter run; `${swinexp.modelarts:node_rank,0}`: ModelArts'
     values (runtime/modelarts.py), else the default; `${swinexp.under:root,path}`: root/path, or path if root is
-    null; `${swinexp.or:value,default}`: value, or default where it is null."""
+    null; `${swinexp.or:value,default}`: value, or default where it is null; `${swinexp.sweep_dir:root}`: the
+    sweep's dir under root (app/sweep_identity.py)."""
     if not OmegaConf.has_resolver("swinexp.help_groups"):
         OmegaConf.register_new_resolver("swinexp.help_groups", help_groups)
     if not OmegaConf.has_resolver("swinexp.floordiv"):
@@ -35,6 +37,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("swinexp.modelarts", modelarts.value)
     if not OmegaConf.has_resolver("swinexp.or"):  # a model's native size unless data.img_size is set
         OmegaConf.register_new_resolver("swinexp.or", lambda value, default: default if value is None else value)
+    if not OmegaConf.has_resolver("swinexp.sweep_dir"):  # hydra.sweep.dir: one per sweep, found again by a rerun
+        OmegaConf.register_new_resolver("swinexp.sweep_dir", sweep_dir)
     if not OmegaConf.has_resolver("swinexp.under"):  # hydra.run.dir below hardware.shared_dir when it is set
         OmegaConf.register_new_resolver("swinexp.under", lambda root, path: f"{root}/{path}" if root else path)
 

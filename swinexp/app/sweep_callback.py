@@ -24,6 +24,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from swinexp.app.sweep_record import OpenSweep, open_sweep
+from swinexp.registry import ConfigError
 from swinexp.tracking import FAILED_JOBS_TAG, MlflowTracker, open_tracker
 from swinexp.tracking.study import continued_parent_run
 
@@ -157,13 +159,19 @@ class SweepCallback(Callback):
     keys: tuple[str, ...] = ()                            # the override keys the sweep varies
     metric: str = "val/top1"
     epoch: int | None = None
+    opened: OpenSweep | None = None  # the sweep's dir, record and lock (sweep_record.open_sweep)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy shipped into a job's process (hydra/launcher=submitit_local, slurm_*) leaves the parent run to the
         sweep's process, which alone opens, updates and closes it."""
-        return {**self.__dict__, "tracker": None}
+        return {**self.__dict__, "tracker": None, "opened": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self.opened = open_sweep(config)  # a rerun of the command continues its sweep, in the same dir
+        except ConfigError as err:  # Hydra would turn an exception here into a warning and run the sweep anyway
+            print(f"ConfigError: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
         if config.tracking.get("name") != "mlflow":
             return
         sweeps = sweep_overrides(config)
@@ -177,11 +185,16 @@ class SweepCallback(Callback):
         # Creating the experiment here, once, avoids jobs racing to create it.
         self.tracker = open_tracker(tracking, OmegaConf.select(config, "hardware.shared_dir"))
         # a search continuing its study logs into the study's parent
-        continued = continued_parent_run(config.hydra.sweeper, self.sweep_dir)
+        record = self.opened.record
+        continued = (record.parent_run_id if record else None) or continued_parent_run(config.hydra.sweeper,
+                                                                                       self.sweep_dir)
         parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
             "sweep.role": "parent", "sweep.keys": ",".join(keys), "sweep.dir": str(self.sweep_dir),
             "overrides": " ".join(config.hydra.overrides.task)}, run_id=continued)
         self.continued = continued is not None
+        if record is not None and record.parent_run_id is None:
+            record.parent_run_id = parent
+            record.save(self.opened.dir)
         if not self.continued:
             self.tracker.log_params({"sweep.definition": " ".join(sweeps),
                                      "sweep.fixed_overrides": " ".join(o for o in config.hydra.overrides.task
@@ -209,6 +222,8 @@ class SweepCallback(Callback):
             self._finish()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if OmegaConf.select(config, "hydra.job.num") is not None:  # a job run again: its earlier failure is over
+            (Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir) / FAILED_FILE).unlink(missing_ok=True)
         if self.tracker is not None:  # Hydra calls this in single runs too, where hydra.job.num is unset
             self.running.add(int(config.hydra.job.num))
             self.tracker.set_status("RUNNING")
@@ -272,8 +287,8 @@ class SweepCallback(Callback):
             lines = self._failed_lines().splitlines()
             print(f"{len(lines)} sweep job(s) failed:\n  " + "\n  ".join(lines), file=sys.stderr)
         if self.tracker is not None:
-            if failed:
-                self.tracker.set_tags({FAILED_JOBS_TAG: self._failed_lines()})
+            if failed or self.continued:  # a continued sweep's earlier command may have listed jobs finished since
+                self.tracker.set_tags({FAILED_JOBS_TAG: self._failed_lines() if failed else None})
             self._report(self.tracker)
             self.tracker.close("FAILED" if failed else "FINISHED")
             self.tracker = None
