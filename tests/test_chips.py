@@ -1,6 +1,7 @@
 """The per-chip capability model, on CPU: a simulated Ascend card that behaves as CANN documents each chip
 (runtime/simulated_ascend.py), every amp policy resolved to what the chip can run, the card read before anything is
-resolved, the divergence guard of a saturating card, the self-check's FAIL lines, and the README's per-chip table."""
+resolved, the divergence guard of a saturating card, the self-check's FAIL lines, and the
+per-chip table of docs/ascend.md."""
 from __future__ import annotations
 
 import os
@@ -215,7 +216,7 @@ def test_the_self_check_turns_a_chip_mismatch_into_a_fail_line(capsys: pytest.Ca
 
 def test_the_readme_table_is_the_capability_tables() -> None:
     table = precision.policy_table({name: AMP_POLICIES.build({"name": name}) for name in AMPS})
-    assert table in (ROOT / "README.md").read_text(), "regenerate README's per-chip table: " + table
+    assert table in (ROOT / "docs" / "ascend.md").read_text(), "regenerate docs/ascend.md's per-chip table: " + table
 
 
 def test_every_ascend_chip_fact_is_in_one_table() -> None:

@@ -1,7 +1,8 @@
 """The layout holds: config -> plan -> build -> engine -> tracking, read from the code's own imports (lazy ones too).
 
 Hydra and OmegaConf stay at the door (`swinexp/app/`, and `config.py`, which turns a composed config into a Plan);
-no room imports one above it in README.md's layout list (read from there, so the two cannot drift apart); no two
+no room imports one above it in the docs' layout list (docs/development.md, read from there, so the two cannot drift
+apart); no two
 modules import each other, directly or round a longer loop.
 """
 from __future__ import annotations
@@ -15,22 +16,23 @@ import pytest
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "swinexp"
-README = ROOT / "README.md"
+MARK = "Layout, in the order a run flows"  # the layout list follows this phrase in the README or a page of docs/
+LAYOUT_DOC = next(doc for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))) if MARK in doc.read_text())
 PACKAGE_FACE = {"__init__", "__main__"}  # `import swinexp` registers the resolvers; `python -m swinexp` runs the cli
 HYDRA_ALLOWED = ("app", "config")
 
 
 def readme_levels(text: str) -> dict[str, int]:
-    """Room -> level from README's layout list (the text block after "Layout, in the order a run flows"): one level
+    """Room -> level from the layout list (the text block after "Layout, in the order a run flows"): one level
     per entry, the first entry highest; rooms named on one entry's first line ("swinexp/data/ models/") share it."""
-    block = text.split("Layout, in the order a run flows", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    block = text.split(MARK, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     entries = [line.split("  ", 1)[0] for line in block.splitlines() if line[:1].strip()]  # not a continuation
     rooms = [re.findall(r"([a-z_]+)(?:/|\.py)", entry.split("swinexp/", 1)[1]) for entry in entries
              if "swinexp/" in entry]
     return {room: len(rooms) - i for i, names in enumerate(rooms) for room in names}
 
 
-LEVELS = readme_levels(README.read_text())
+LEVELS = readme_levels(LAYOUT_DOC.read_text())
 
 
 def _modules() -> dict[str, Path]:
@@ -62,8 +64,8 @@ def _internal(imported: set[str], modules: dict[str, Path]) -> set[str]:
 def test_no_room_imports_a_room_above_it() -> None:
     modules = _modules()
     unlisted = sorted({_room(m) for m in modules} - LEVELS.keys() - PACKAGE_FACE)
-    assert not unlisted, (f"rooms {unlisted} are not in README.md's layout list; add each there, on the line of the "
-                          "rooms it may import from, or above the rooms it imports")
+    assert not unlisted, (f"rooms {unlisted} are not in {LAYOUT_DOC.relative_to(ROOT)}'s layout list; add each there, "
+                          "on the line of the rooms it may import from, or above the rooms it imports")
     upward = []
     for module, path in modules.items():
         room = _room(module)
@@ -103,7 +105,7 @@ def test_hydra_and_omegaconf_stay_at_the_door() -> None:
 
 
 def test_the_readme_list_is_the_order() -> None:
-    """What README.md states, read as the test reads it: every room on its own level, data and models sharing one."""
+    """What the layout list states, as the test reads it: every room on its own level, data and models share one."""
     order = sorted(LEVELS, key=lambda room: -LEVELS[room])
     assert order == ["app", "serve", "parity", "build", "engine", "amp", "optim", "data", "models", "tracking",
                      "runtime", "config", "registry"]

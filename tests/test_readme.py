@@ -1,9 +1,12 @@
-"""Every `python run.py ...` example in README.md composes as written (the `--cfg job` of it, through Hydra's compose
-API), names the data it needs, and builds a model that fits that data."""
+"""Every `python run.py ...` example in README.md and the pages of docs/ composes as written (the `--cfg job` of it,
+through Hydra's compose API), names the data it needs, and builds a model that fits that data; every `python -m
+swinexp...` line is understood by its module; every file, folder and module the docs name exists, and every link
+between them resolves."""
 from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from hydra import compose as compose_cfg
@@ -19,13 +22,14 @@ from swinexp.runtime import hardware
 from tests.conftest import CONF_DIR, ROOT
 
 README = ROOT / "README.md"
+DOCS = (README, ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md")))  # what a user reads
 PLACEHOLDER = re.compile(r"<[^>]*>|\[[^\]]*\]|\.\.\.")  # `<same overrides>`, `[overrides]`, `...`: a template
 FLAGS = {"-m", "--multirun"}  # everything else after run.py must be an override
 
 
 def readme_commands() -> list[str]:
     """The `python run.py` lines of the bash blocks (continuations joined, comments cut) and inline `code`."""
-    text = README.read_text()
+    text = "\n".join(doc.read_text() for doc in DOCS)
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
@@ -67,6 +71,9 @@ def test_readme_command_composes_and_its_model_fits_its_data(command: str) -> No
     args = shlex.split(command)[2:]
     if args == ["--help"]:
         return
+    if "--cfg" in args:  # `--cfg job` prints the composed config: compose what it would print
+        at = args.index("--cfg")
+        args = args[:at] + args[at + 2:]
     for job in _jobs(args):
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose_cfg("config", overrides=job)
@@ -84,8 +91,8 @@ RUN_OVERRIDE_MODULES = {"swinexp.app.selfcheck", "swinexp.parity"}  # they take 
 
 
 def readme_module_commands() -> list[str]:
-    """The `python -m swinexp...` and `swinexp ...` lines of the README's bash blocks and inline `code`."""
-    text = README.read_text()
+    """The `python -m swinexp...` and `swinexp ...` lines of the docs' bash blocks and inline `code`."""
+    text = "\n".join(doc.read_text() for doc in DOCS)
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
@@ -152,3 +159,78 @@ def test_readme_module_command_is_understood_as_written(command: str, capsys: py
         overrides = [a for a in args if "=" in a and not a.startswith("-")]
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             compose_cfg("config", overrides=overrides)
+
+
+ROOTS = ("swinexp", "conf", "sweeps", "tests", "benchmarks", "docs", "hydra_plugins", ".ci")
+PATH = re.compile(rf"`((?:{'|'.join(re.escape(r) for r in ROOTS)})/[^`\s:()]*)")  # `swinexp/runtime/chips.py`
+MODULE = re.compile(r"`(?:python -m )?(swinexp(?:\.\w+)+)")  # `swinexp.tracking.report`, `swinexp.create_model(...)`
+NOT_MODULES = {"swinexp.plugins",  # the entry-point group plugins declare: a name, no module
+               "swinexp.malloc", "swinexp.run_dir", "swinexp.failure"}  # MLflow tags a run carries
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _prose(doc: Path) -> str:
+    """A page without its fenced blocks (their paths are commands' arguments and examples, checked by running)."""
+    return re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+
+
+def _named(pattern: re.Pattern[str]) -> list[tuple[str, str]]:
+    return [(doc.relative_to(ROOT).as_posix(), m) for doc in DOCS for m in dict.fromkeys(pattern.findall(_prose(doc)))]
+
+
+def _slugs(doc: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to hyphens, repeats numbered."""
+    slugs: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", _prose(doc), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n, unique = 0, slug
+        while unique in slugs:
+            n += 1
+            unique = f"{slug}-{n}"
+        slugs.add(unique)
+    return slugs
+
+
+@pytest.mark.parametrize("doc,path", _named(PATH))
+def test_every_path_the_docs_name_exists(doc: str, path: str) -> None:
+    assert (ROOT / path.rstrip(".,;")).exists(), f"{doc} names {path}, which does not exist"
+
+
+@pytest.mark.parametrize("doc,dotted", _named(MODULE))
+def test_every_module_the_docs_name_exists(doc: str, dotted: str) -> None:
+    """The longest prefix that is a module file, and the name after it defined or imported there."""
+    if dotted in NOT_MODULES:
+        return
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:n])
+        source = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if source.is_file():
+            break
+    else:
+        pytest.fail(f"{doc} names {dotted}: no such module")
+    rest = parts[n:]
+    if rest:
+        text = source.read_text()
+        assert re.search(rf"^\s*(def|class)\s+{rest[0]}\b|^{rest[0]}\s*[:=]|\bimport\b.*\b{rest[0]}\b|\"{rest[0]}\"",
+                         text, re.M), f"{doc} names {dotted}: {'.'.join(parts[:n])} defines no {rest[0]}"
+
+
+@pytest.mark.parametrize("doc,target", _named(LINK))
+def test_every_link_resolves(doc: str, target: str) -> None:
+    if re.match(r"[a-z]+:", target):  # https://..., mailto:
+        return
+    path, _, anchor = target.partition("#")
+    page = (ROOT / doc).parent / path if path else ROOT / doc
+    assert page.exists(), f"{doc} links to {target}: {page.relative_to(ROOT)} does not exist"
+    if anchor and page.suffix == ".md":
+        assert anchor in _slugs(page), f"{doc} links to {target}: no heading of {path or doc} has that anchor"
+
+
+def test_the_checks_read_what_they_guard() -> None:
+    """The readers find what the README names: its paths, its modules, its links into docs/."""
+    paths = {p for doc, p in _named(PATH) if doc == "README.md"}
+    links = {t for doc, t in _named(LINK) if doc == "README.md"}
+    assert {"swinexp/runtime/simulated_ascend.py", "swinexp/runtime/chips.py"} <= paths
+    assert {"docs/configuration.md", "docs/ascend.md", "#install"} <= links
+    assert ("README.md", "swinexp.app.selfcheck") in _named(MODULE)
