@@ -44,7 +44,7 @@ def _cell(value: Any) -> str:
 
 def _prose(text: str) -> str:
     """Comment text as a table cell: pipes escaped, `<root>` kept visible (not read as an HTML tag)."""
-    return text.replace("|", "\\|").replace("<", "\\<").strip()
+    return " ".join(text.replace("|", "\\|").replace("<", "\\<").split())
 
 
 def _comments(path: Path) -> dict[str, str]:
