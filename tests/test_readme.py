@@ -234,3 +234,26 @@ def test_the_checks_read_what_they_guard() -> None:
     assert {"swinexp/runtime/simulated_ascend.py", "swinexp/runtime/chips.py"} <= paths
     assert {"docs/configuration.md", "docs/ascend.md", "#install"} <= links
     assert ("README.md", "swinexp.app.selfcheck") in _named(MODULE)
+
+
+DESIGN_CARD = ("python run.py model=swin_tiny amp=o1_manual hardware=ascend8",
+               "python run.py -m amp=o0,o2,o1_manual",
+               "mlflow ui")
+
+
+def test_the_readme_opens_with_the_design_cards_three_commands_word_for_word() -> None:
+    first_block = re.search(r"```bash\n(.*?)```", README.read_text(), re.S).group(1)
+    assert tuple(line.split(" #")[0].strip() for line in first_block.splitlines()) == DESIGN_CARD
+
+
+@pytest.mark.slow
+def test_the_main_command_dry_runs_as_typed_on_8_cards_at_the_models_resolution(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *shlex.split(DESIGN_CARD[0])[2:], "dry_run=true"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "dry run: 8 worker(s) = 8 per node x 1 node(s), device_target=Ascend" in out.stdout
+    assert "model: swin_tiny, 224 px" in out.stdout and "amp o1_manual" in out.stdout
+    assert "trains on the embedded synthetic dataset (224 px shapes" in out.stderr + out.stdout
