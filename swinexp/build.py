@@ -105,6 +105,12 @@ def check_trainer(trainer: TrainerCfg) -> None:
                           f"{trainer.max_overflow_at_min_scale} must be >= 1 (steps in a row that stop a diverged run)")
     if not 0 <= trainer.label_smoothing < 1:
         raise ConfigError(f"trainer.label_smoothing={trainer.label_smoothing} must be in [0, 1)")
+    if trainer.straggler_factor <= 1:
+        raise ConfigError(f"trainer.straggler_factor={trainer.straggler_factor} must be > 1 (e.g. 1.5: a rank 50% "
+                          "slower than the median of the other ranks)")
+    if trainer.straggler_patience < 1:
+        raise ConfigError(f"trainer.straggler_patience={trainer.straggler_patience} must be >= 1 (read points in a "
+                          "row)")
 
 
 def check_native_recipe(plan: Plan) -> None:

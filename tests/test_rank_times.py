@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from swinexp.build import check_trainer
+from swinexp.config import TrainerCfg
 from swinexp.engine.rank_times import STRAGGLER_TAG, StepClock, StragglerWatch, rank_file
 from swinexp.registry import ConfigError
 from tests.conftest import ROOT, SMOKE
@@ -85,11 +87,11 @@ def test_the_step_clock_counts_what_the_host_waited_and_skips_compiles(tmp_path:
     assert path.read_text() == ""  # a new launch (a resume) starts the file again
 
 
-def test_straggler_settings_are_checked() -> None:
+def test_straggler_settings_are_checked_before_launch() -> None:
     with pytest.raises(ConfigError, match=r"trainer.straggler_factor=1.0 must be > 1"):
-        StragglerWatch(Path("."), 2, factor=1.0, patience=3, tracker=Tags())
+        check_trainer(TrainerCfg(epochs=1, straggler_factor=1.0))
     with pytest.raises(ConfigError, match=r"trainer.straggler_patience=0 must be >= 1"):
-        StragglerWatch(Path("."), 2, factor=1.5, patience=0, tracker=Tags())
+        check_trainer(TrainerCfg(epochs=1, straggler_patience=0))
 
 
 @dataclass(frozen=True)
