@@ -30,6 +30,7 @@ def _seed_major(arms: list[str], seeds: range = range(3)) -> list[list[str]]:
 EXPECTED_JOBS = {
     "accumulation": _seed_major([f"trainer.accumulation_steps={n}" for n in (1, 2, 4)]),
     "amp_ablation": _seed_major(["amp=o0", "amp=o2", "amp=o1_manual"]),
+    "finetune_ablation": _seed_major([f"optimizer.layer_decay={d}" for d in (1.0, 0.9, 0.75)]),
     "index_rewrites": _seed_major([f"model/rewrites={r}" for r in
                                    ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")]),
     "pipeline_ablation": _seed_major(["data.pipeline=exact", "data.pipeline=native"]),
