@@ -31,8 +31,8 @@ EXPECTED_JOBS = {
     "accumulation": _seed_major([f"trainer.accumulation_steps={n}" for n in (1, 2, 4)]),
     "amp_ablation": _seed_major(["amp=o0", "amp=o2", "amp=o1_manual"]),
     "finetune_ablation": _seed_major([f"optimizer.layer_decay={d}" for d in (1.0, 0.9, 0.75)]),
-    "index_rewrites": _seed_major([f"model/rewrites={r}" for r in
-                                   ("official", "qkv_split", "qkv_fused_split", "merge_reshape", "bias_onehot", "all")]),
+    "index_rewrites": _seed_major([f"model/rewrites={r}" for r in ("official", "qkv_split", "qkv_fused_split",
+                                                                   "merge_reshape", "bias_onehot", "all")]),
     "pipeline_ablation": _seed_major(["data.pipeline=exact", "data.pipeline=native"]),
     "seeds": [[f"seed={s}"] for s in range(5)],
 }
@@ -181,8 +181,9 @@ def test_sigterm_stops_the_sweep_and_marks_parent_and_job_killed(tmp_path: Path)
 
 def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_path: Path) -> None:
     uri, sweep_dir = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "multirun"
-    # amp=o0 on the command line replaces the sweep's three values: one job; stopped after epoch 1 of 2
-    out = _run("sweep=amp_ablation", "amp=o0", *_smoke(tmp_path / "data"), "trainer.stop_after_epoch=1",
+    # amp=o0 and seeds=1 on the command line replace the sweep's three values and seeds: one job; stopped after
+    # epoch 1 of 2
+    out = _run("sweep=amp_ablation", "amp=o0", "seeds=1", *_smoke(tmp_path / "data"), "trainer.stop_after_epoch=1",
                "tracking=mlflow", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # the job did not sweep again: one job dir, beside the sweep's report
