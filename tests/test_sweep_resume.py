@@ -20,6 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from swinexp.app.sweep_identity import identity_of
+from swinexp.app.sweep_record import SweepRecord, differences
 from swinexp.engine import checkpoint
 from swinexp.engine.resume import RUN_ID_FILE
 from tests.conftest import ROOT, SMOKE
@@ -185,6 +186,18 @@ def test_a_sweep_is_named_by_its_overrides_whatever_their_order_spelling_or_logg
     assert identity_of(["amp=o2"], {"amp": "o0,o2"}) == identity_of(["amp=o2"], None)  # the command line wins
 
 
+def test_the_same_overrides_numbering_the_jobs_otherwise_are_a_difference_and_new_keys_are_not() -> None:
+    def record(jobs: list[list[str]], **config: object) -> SweepRecord:
+        return SweepRecord(["a=1,2", "b=3,4"], [], {"trainer.epochs": 2, **config}, {"amp": "o0"}, jobs)
+
+    saved = record([["a=1", "b=3"], ["a=1", "b=4"], ["a=2", "b=3"], ["a=2", "b=4"]])
+    assert differences(saved, record(saved.jobs, **{"trainer.new_key": 1.5, "tracking.uri": "x"})) == []
+    reordered = record([["a=1", "b=3"], ["a=2", "b=3"], ["a=1", "b=4"], ["a=2", "b=4"]])
+    assert differences(saved, reordered) == ["job #1: it ran a=1 b=4; this command numbers a=2 b=3 #1",
+                                              "job #2: it ran a=2 b=3; this command numbers a=1 b=4 #2"]
+    assert differences(saved, record(saved.jobs, **{"trainer.epochs": 3})) == ["trainer.epochs: 2 -> 3"]
+
+
 @pytest.mark.slow
 def test_a_rerun_that_would_change_the_results_is_refused_and_fresh_starts_anew(tmp_path: Path,
                                                                               synthetic_root: Path) -> None:
@@ -217,3 +230,23 @@ def test_a_rerun_that_would_change_the_results_is_refused_and_fresh_starts_anew(
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"sweep {fresh.relative_to(tmp_path)}: 2 jobs" in out.stdout
     assert json.loads((fresh / "sweep.json").read_text())["attempts"] == 2
+
+
+@pytest.mark.slow
+def test_a_screened_sweep_rerun_with_a_later_stop_continues_every_job_in_its_run(tmp_path: Path,
+                                                                                 synthetic_root: Path) -> None:
+    # trainer.stop_after_epoch is not part of a sweep's identity: the same sweep, its screens continued
+    command = [sys.executable, str(ROOT / "run.py"), "-m", "optimizer.lr=1e-3,2e-3", *TRAIN,
+               "trainer.limit_train_batches=3", f"data.root={synthetic_root}", "hydra/launcher=basic",
+               f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    assert _run([*command, "trainer.stop_after_epoch=1"], tmp_path).returncode == 0
+    out = _run([*command, "trainer.stop_after_epoch=null"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 jobs: 0 kept, 2 to resume from checkpoints (#0 #1), 0 to start" in out.stdout, out.stdout[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("swinexp").experiment_id])
+    jobs = [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
+    assert len(runs) == 3 and len(jobs) == 2
+    for job in jobs:  # each screen continued in its own run, to the end of its schedule
+        assert [m.step for m in client.get_metric_history(job.info.run_id, "val/top1")] == [1, 2]
+        assert "stopped_after_epoch" not in job.data.tags
