@@ -121,3 +121,20 @@ def test_seeds_without_a_named_sweep_is_refused_with_both_fixes(tmp_path: Path) 
         "ConfigError: seeds=3 sets how many paired seeds each arm of a named sweep runs (e.g. python run.py "
         "sweep=amp_ablation seeds=3); for your own -m sweep list the seeds, e.g. seed=0,1,2")
     assert not (tmp_path / "multirun").exists()
+
+
+def test_paired_differences_that_never_varied_are_said_so_not_as_a_zero_width(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("swinexp")
+    _earlier_sweep(client, exp, seconds=60.0)
+    runs = client.search_runs([exp], "tags.`sweep.id` != ''")
+    for run in runs:  # amp=o2 exactly 0.5 above amp=o0 on every seed
+        seed = run.info.run_name.split("seed=")[1]
+        value = EARLIER["amp=o0"][seed] + (0.5 if run.info.run_name.startswith("amp=o2") else 0)
+        client.log_metric(run.info.run_id, "val/top1_at2", value, step=2)
+    design = design_of([[f"seed={s}", f"amp={a}"] for s in "012" for a in ("o0", "o2")])
+    lines = history_lines({"uri": uri, "experiment": "swinexp"}, tmp_path, CHOICES, design, 2, 2, "val/top1", 1)
+    assert lines[1].endswith(", 0.00 for the paired difference of two arms")
+    assert lines[-1].startswith("  the paired differences there were the same on every seed: 2 paired seeds")
+    assert not any("resolve gaps of ~0.0" in line for line in lines)

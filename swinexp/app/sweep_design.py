@@ -106,6 +106,10 @@ def history_lines(tracking: Mapping[str, object], cwd: Path, choices: Mapping[st
                  + (f", {noise.paired_sd:.2f} for the paired difference of two arms" if noise.paired_sd is not None
                     else ""))
     lines.append(f"  with 1 seed per arm, gaps below ~{noise.unpaired_floor():.1f} points cannot be told from noise")
+    if noise.paired_sd == 0:
+        lines.append("  the paired differences there were the same on every seed: 2 paired seeds decide a gap like "
+                     "theirs, and more seeds show whether that holds for these arms")
+        return lines
     n = max(len(design.seeds), 2)
     for seeds in dict.fromkeys((n, 2 * n)):
         if found_width := noise.resolvable(seeds):

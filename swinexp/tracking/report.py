@@ -200,7 +200,8 @@ def plot(arms: Sequence[Arm], differences: Mapping[str, Mapping[int, Interval]],
         for edge in (-margin, margin):
             below.axhline(edge, color="grey", ls="--", lw=0.8)
         below.set(ylabel=f"paired difference ({metric})",
-                  title=f"paired difference to the baseline: mean over seeds, 95% interval; dashed: ±{margin:g}")
+                  title=f"− {labels.get(baseline or '', baseline)}, paired by seed: mean, 95% interval; "
+                        f"dashed ±{margin:g}")
     for (ax,) in axes:
         ax.axvline(epoch, color="grey", ls=":", lw=1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
