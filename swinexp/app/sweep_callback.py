@@ -24,6 +24,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from swinexp.app import sweep_design
 from swinexp.app.sweep_record import OpenSweep, open_sweep
 from swinexp.registry import ConfigError
 from swinexp.tracking import FAILED_JOBS_TAG, MlflowTracker, open_tracker
@@ -159,6 +160,8 @@ class SweepCallback(Callback):
     keys: tuple[str, ...] = ()                            # the override keys the sweep varies
     metric: str = "val/top1"
     epoch: int | None = None
+    baseline: str | None = None                           # sweep.baseline: the arm the verdicts compare with
+    margin: float | None = None                           # sweep.margin
     opened: OpenSweep | None = None  # the sweep's dir, record and lock (sweep_record.open_sweep)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -172,13 +175,22 @@ class SweepCallback(Callback):
         except ConfigError as err:  # Hydra would turn an exception here into a warning and run the sweep anyway
             print(f"ConfigError: {err}", file=sys.stderr)
             raise SystemExit(2) from None
-        if config.tracking.get("name") != "mlflow":
-            return
         sweeps = sweep_overrides(config)
         keys = tuple(dict.fromkeys(override_key(o) for o in sweeps))
         self.sweep_dir, self.keys = Path(str(config.hydra.sweep.dir)).resolve(), keys
         self.metric = str(config.get("optimized_metric") or "val/top1")
         self.epoch = screening_epoch(config, keys)
+        self.baseline = OmegaConf.select(config, "sweep.baseline")
+        self.margin = OmegaConf.select(config, "sweep.margin")
+        try:
+            design = sweep_design.describe(config, sweeps, keys, self.epoch, self.metric, Path.cwd())
+        except ConfigError as err:  # Hydra would turn an exception here into a warning and run the sweep anyway
+            print(f"ConfigError: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if design:
+            print(design, flush=True)
+        if config.get("dry_run") or config.tracking.get("name") != "mlflow":  # a dry run logs nothing
+            return
         # The sweep's process only waits for its jobs: its own CPU and memory samples would add nine system
         # charts, with a legend entry for the parent, to the jobs' charts.
         tracking = {**OmegaConf.to_container(config.tracking, resolve=True), "system_metrics": False}
@@ -302,7 +314,8 @@ class SweepCallback(Callback):
         assert tracker.run_id is not None
         try:
             report = sweep_report(tracker.uri, tracker.experiment, tracker.run_id, self.metric, self.epoch,
-                                  out=self.sweep_dir / "report" if self.sweep_dir else None)
+                                  out=self.sweep_dir / "report" if self.sweep_dir else None, baseline=self.baseline,
+                                  **({"margin": float(self.margin)} if self.margin is not None else {}))
         except Exception as err:  # noqa: BLE001 - the jobs' runs are in the store whatever happens here
             epoch = f" --epoch {self.epoch}" if self.epoch is not None else ""
             print(f"the sweep's report was not made ({type(err).__name__}: {err}); make it with: python -m "
