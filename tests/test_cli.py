@@ -88,3 +88,16 @@ def test_run_logs_to_mlflow_and_writes_loadable_checkpoints(tmp_path: Path) -> N
     _, val = build_loaders(spec, AUGMENTS.build({"name": "none"}, img_size=spec.img_size), seed=0)
     assert evaluate(model, val.epoch(0))["val/top1"] == pytest.approx(history[-1].value, abs=1e-4)
     assert np.isfinite(run.data.metrics["train/loss"])
+
+
+@pytest.mark.parametrize(("args", "sweeper"), [
+    (["sweep=amp_ablation"], "grid_sweeper.ContinuingBasicSweeper"),
+    (["-cd", str(ROOT / "conf"), "amp=o2"], "grid_sweeper.ContinuingBasicSweeper"),
+    (["hparams_search=swin_lr_wd"], "optuna_sweeper.OptunaSweeper"),  # the search's own sweeper, not the grid's
+    (["hydra/sweeper=basic"], "basic_sweeper.BasicSweeper"),
+])
+def test_the_command_chooses_the_continuing_grid_sweeper_unless_a_search_or_sweeper_is_named(
+        args: list[str], sweeper: str, tmp_path: Path) -> None:
+    out = _run(*args, "--cfg", "hydra", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert OmegaConf.create(out.stdout).hydra.sweeper._target_.endswith(sweeper)

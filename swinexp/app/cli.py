@@ -18,12 +18,31 @@ from swinexp.config import CONF_DIR
 from swinexp.registry import ConfigError
 from swinexp.runtime.gc_pause import long_lived_imports
 
+GRID_SWEEPER = "hydra/sweeper=swinexp_grid"  # Hydra's grid sweeper, continuing a sweep whose process died
+
 
 def main() -> None:
-    """The command: the checks Hydra's own errors would word misleadingly, then Hydra."""
+    """The command: the checks Hydra's own errors would word misleadingly, then Hydra (with swinexp's sweeper)."""
     if (line := misplaced_seeds(sys.argv[1:])) is not None:
         raise SystemExit(f"ConfigError: {line}")
+    sys.argv = [sys.argv[0], *with_default_sweeper(sys.argv[1:])]
     _main()
+
+
+def with_default_sweeper(args: Sequence[str]) -> list[str]:
+    """`args` choosing swinexp's grid sweeper, unless they choose a sweeper or a search themselves.
+
+    On the command line, not in conf/config.yaml's defaults: Hydra keeps the first override of a group it meets,
+    and the root config comes before `hparams_search/*`, whose own override to the Optuna sweeper would lose."""
+    if any(a.lstrip("+~").startswith(("hydra/sweeper=", "hparams_search=")) for a in args):
+        return list(args)
+    at = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")
+               and (i == 0 or args[i - 1] not in VALUE_FLAGS)), len(args))
+    return [*args[:at], GRID_SWEEPER, *args[at:]]  # beside the user's overrides: argparse reads them as one list
+
+
+VALUE_FLAGS = {"-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path", "-c", "--cfg", "-p",
+               "--package", "--info", "--experimental-rerun"}  # Hydra's flags that take the next word as their value
 
 
 def misplaced_seeds(args: Sequence[str]) -> str | None:
