@@ -184,6 +184,9 @@ def test_a_sweep_is_named_by_its_overrides_whatever_their_order_spelling_or_logg
     assert named.name == "amp_ablation"
     assert named != identity_of(["sweep=amp_ablation", "seeds=3"], {"seed": "range(0,3)", "amp": "o0,o2,o1_manual"})
     assert identity_of(["amp=o2"], {"amp": "o0,o2"}) == identity_of(["amp=o2"], None)  # the command line wins
+    # seeds= counts through the seed values it gives the named sweep: the default typed out is the same sweep
+    assert named == identity_of(["sweep=amp_ablation"], {"seed": "range(0,3)", "amp": "o0,o2"})
+    assert named != identity_of(["sweep=amp_ablation", "seeds=2"], {"seed": "range(0,2)", "amp": "o0,o2"})
 
 
 def test_the_same_overrides_numbering_the_jobs_otherwise_are_a_difference_and_new_keys_are_not() -> None:

@@ -22,8 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 
 FRESH_KEY = "sweep.fresh"  # true: start the sweep anew, in the next generation of its dir
 # Keys (and their subkeys) that neither change a job's results nor where it runs. `trainer.stop_after_epoch` is one:
-# the same sweep with a later stop continues its screened jobs (as a single run continues a screen).
-NOT_IDENTITY = ("hydra", "tracking", "debug", "sweep.fresh", "sweep.baseline", "sweep.margin", "trainer.resume",
+# the same sweep with a later stop continues its screened jobs (as a single run continues a screen). `seeds` is in
+# the identity through the seed values it gives a named sweep (`sweep=amp_ablation` and `... seeds=3` are one sweep).
+NOT_IDENTITY = ("hydra", "tracking", "debug", "seeds", "sweep.fresh", "sweep.baseline", "sweep.margin",
+                "trainer.resume",
                 "trainer.resume_force", "trainer.stop_after_epoch", "trainer.progress_bar", "hardware.compile_cache",
                 "hardware.compile_cache_dir", "hardware.compile_cache_max_gb", "hardware.master_addr",
                 "hardware.master_port", "hardware.log_dir")
