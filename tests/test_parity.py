@@ -88,3 +88,47 @@ def test_a_failed_check_exits_non_zero(synthetic_root: Path, tmp_path: Path,
     # float noise alone is beyond a 1e-12 tolerance: the tool must say FAILED and exit 1, for a script to see it
     assert main([*overrides, "--steps", "1", "--tol", "1e-12", "--out", str(tmp_path / "out")]) == 1
     assert "FAILED: parameters beyond 1e-12" in capsys.readouterr().out
+
+
+def _window_2_checkpoint(path: Path) -> Path:
+    """A trained-looking swin_micro file at window 2 (32 px, 10 classes): the SMOKE model has window 4."""
+    import numpy as np
+
+    from swinexp.models.pretrained import model_state, write_ckpt
+    from swinexp.registry import MODELS
+
+    small = MODELS.build({"name": "swin_micro", "img_size": 32, "window_size": 2, "num_classes": 10,
+                          "drop_path_rate": 0.0})
+    rng = np.random.default_rng(0)
+    state = {k: v + rng.normal(0, 0.05, v.shape).astype(v.dtype) for k, v in model_state(small).items()}
+    return write_ckpt(state, path)  # tables of 9 rows: a window-4 model needs 49, so every one is resized
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("resize", ["official", "timm"])
+def test_parity_checks_a_pretrained_load_of_another_window_size_against_the_reference_loader(
+        resize: str, synthetic_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("timm", reason="the reference extra (torch + timm) is not installed")
+    file = _window_2_checkpoint(tmp_path / "w2.ckpt")
+    overrides = [*SMOKE, f"data.root={synthetic_root}", "hardware.mode=pynative", f"model.pretrained={file}",
+                 f"model.pretrained_resize={resize}"]
+    assert main([*overrides, "--steps", "1", "--out", str(tmp_path / "out")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("model.pretrained="))
+    loader = {"official": "the official load_pretrained resize", "timm": "timm's checkpoint_filter_fn"}[resize]
+    assert f"w2.ckpt (head loaded, 4 tensors resized) vs the reference loader ({loader})" in line
+    assert float(line.rsplit(" ", 1)[1]) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_pretrained_load_unlike_the_reference_loaders_fails_the_check(
+        synthetic_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("timm", reason="the reference extra (torch + timm) is not installed")
+    from swinexp.parity import reference
+
+    load = reference.reference_load
+    monkeypatch.setattr(reference, "reference_load", lambda model, state, resize: load(model, state, "timm"))
+    file = _window_2_checkpoint(tmp_path / "w2.ckpt")  # swinexp resizes the official way; the "reference" not
+    overrides = [*SMOKE, f"data.root={synthetic_root}", "hardware.mode=pynative", f"model.pretrained={file}"]
+    assert main([*overrides, "--steps", "1", "--out", str(tmp_path / "out")]) == 1
+    assert "FAILED: pretrained logits beyond 0.0001" in capsys.readouterr().out

@@ -14,8 +14,8 @@ from mindspore import Tensor
 
 from swinexp.build import Experiment, Plan, build_experiment, configure_device, plan_for
 from swinexp.engine.step import make_train_step
-from swinexp.models.convert import to_timm
-from swinexp.models.pretrained import model_state
+from swinexp.models.convert import to_mindspore, to_timm
+from swinexp.models.pretrained import map22kto1k, model_state, read_weights
 from swinexp.parity import reference, stages
 from swinexp.registry import ConfigError
 from swinexp.tracking import Tracker
@@ -59,6 +59,8 @@ class Report:
     stages: list[StageRow] = field(default_factory=list)
     first_divergent: str | None = None
     tolerance: float = 0.0
+    pretrained: tuple[str, float] | None = None  # model.pretrained: what was compared, logits rel diff
+
 
     @property
     def max_param_rel_diff(self) -> float:
@@ -70,7 +72,8 @@ class Report:
 
     def beyond_tolerance(self) -> list[str]:
         """What failed the check: the weights or the EMA weights further apart than `tolerance`."""
-        worst = (("parameters", self.max_param_rel_diff), ("EMA weights", self.max_ema_rel_diff))
+        worst = (("parameters", self.max_param_rel_diff), ("EMA weights", self.max_ema_rel_diff),
+                 ("pretrained logits", self.pretrained[1] if self.pretrained else math.nan))
         return [what for what, value in worst if value > self.tolerance]  # NaN (no EMA) is never beyond
 
     def metrics(self) -> dict[str, float]:
@@ -79,6 +82,8 @@ class Report:
                "parity/max_loss_rel_diff": max((rel_diff(*r.loss) for r in self.steps), default=math.nan)}
         if self.ema:
             out["parity/max_ema_rel_diff"] = self.max_ema_rel_diff
+        if self.pretrained:
+            out["parity/pretrained_logits_rel_diff"] = self.pretrained[1]
         if self.stages:
             out["parity/max_stage_forward_rel_diff"] = max(s.forward for s in self.stages)
             out["parity/max_stage_grad_rel_diff"] = max(s.grad for s in self.stages)
@@ -86,6 +91,8 @@ class Report:
 
     def text(self, worst: int = 5) -> str:
         lines = list(self.header)
+        if self.pretrained:
+            lines.append(f"{self.pretrained[0]}: logits relative difference {self.pretrained[1]:.2e}")
         if self.stages:
             amp = not math.isnan(self.stages[0].forward_fp32)
             lines.append("")
@@ -205,6 +212,34 @@ def compare_stages(exp: Experiment, ref_model, images: np.ndarray, targets: np.n
     return rows, first
 
 
+def compare_pretrained(exp: Experiment, arch: dict, images: np.ndarray) -> tuple[str, float]:
+    """swinexp's model as `model.pretrained` loaded it (resized, head mapped) against a timm model loaded from the
+    same file by the reference loader of `model.pretrained_resize` (`reference.reference_load`): their logits on
+    `images`, before any step. A head swinexp did not take from the file (reset, zeros, dropped) is copied over."""
+    loaded = exp.model.pretrained_report
+    resize = str(exp.plan.get("model.pretrained_resize"))
+    ours = model_state(exp.model)
+    state = to_mindspore(read_weights(loaded.path), set(ours))  # the file in swinexp's names, at its own size
+    head = {k for k in state if k.startswith("head.")}
+    if loaded.head == "map22kto1k":
+        state.update({k: state[k][map22kto1k()] for k in head})
+    elif loaded.head != "loaded":
+        state = {**{k: v for k, v in state.items() if k not in head},
+                 **{k: v for k, v in ours.items() if k.startswith("head.")}}
+    ref_model = reference.timm_swin(arch)
+    reference.reference_load(ref_model, to_timm(state), resize)
+    exp.model.set_train(False)
+    try:
+        logits = exp.model(Tensor(images)).asnumpy().astype(np.float32)
+    finally:
+        exp.model.set_train(True)
+    expected = reference.eval_logits(ref_model, images)
+    loader = {"official": "the official load_pretrained resize", "timm": "timm's checkpoint_filter_fn",
+              "none": "no resize"}[resize]
+    return (f"model.pretrained={loaded.path.name} (head {loaded.head}, {len(loaded.resized)} tensors resized) vs "
+            f"the reference loader ({loader})", rel_diff(logits, expected))
+
+
 def check(plan: Plan, tracker: Tracker, steps: int = 5, locate: bool = False, tolerance: float | None = None,
           lr_lag: bool = False) -> Report:
     """Run `steps` optimizer steps of swinexp and of the reference on the same batches; see the package docstring.
@@ -241,6 +276,8 @@ def check(plan: Plan, tracker: Tracker, steps: int = 5, locate: bool = False, to
     report = Report(header, tolerance=tolerance)
     windows = _windows(exp)
     first_window = next(windows)
+    if exp.plan.get("model.pretrained"):
+        report.pretrained = compare_pretrained(exp, arch, first_window[0][0])
     if locate or recipe.amp_dtype is not None:
         images, targets = first_window[0]
         report.stages, report.first_divergent = compare_stages(exp, ref_model, images, targets, recipe.amp_dtype,

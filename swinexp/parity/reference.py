@@ -66,6 +66,55 @@ def _drop_rates(arch: Mapping[str, Any]) -> dict[str, float]:
             "drop_path_rate": arch["drop_path_rate"]}
 
 
+def official_resize(state: Mapping[str, torch.Tensor], model_state: Mapping[str, torch.Tensor]
+                    ) -> dict[str, torch.Tensor]:
+    """The resize part of microsoft/Swin-Transformer utils.py `load_pretrained` (f82860b), as written there: each
+    relative position bias table of another window size by bicubic F.interpolate of its (nH, S, S) grid, and an
+    absolute position embedding of another resolution the same way."""
+    state = dict(state)
+    for k in [k for k in state if "relative_position_bias_table" in k]:
+        table, current = state[k], model_state[k]
+        (L1, nH1), (L2, nH2) = table.size(), current.size()  # noqa: N806 - the official names
+        if nH1 == nH2 and L1 != L2:
+            S1, S2 = int(L1 ** 0.5), int(L2 ** 0.5)  # noqa: N806
+            resized = F.interpolate(table.permute(1, 0).view(1, nH1, S1, S1), size=(S2, S2), mode="bicubic")
+            state[k] = resized.view(nH2, L2).permute(1, 0)
+    for k in [k for k in state if "absolute_pos_embed" in k]:
+        (_, L1, C1), (_, L2, _) = state[k].size(), model_state[k].size()  # noqa: N806
+        if L1 != L2:
+            S1, S2 = int(L1 ** 0.5), int(L2 ** 0.5)  # noqa: N806
+            grid = state[k].reshape(-1, S1, S1, C1).permute(0, 3, 1, 2)
+            state[k] = F.interpolate(grid, size=(S2, S2), mode="bicubic").permute(0, 2, 3, 1).flatten(1, 2)
+    return state
+
+
+def reference_load(model: SwinTransformer, state: Mapping[str, np.ndarray], resize: str) -> None:
+    """Load timm-named arrays of another window size or resolution into `model` the way the reference loaders do:
+    timm's `checkpoint_filter_fn` (resize="timm") or the official `load_pretrained` resize (resize="official");
+    "none" loads them as they are. The head must already fit `model`."""
+    from timm.models.swin_transformer import checkpoint_filter_fn
+
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+    if resize == "timm":
+        tensors = checkpoint_filter_fn(tensors, model)
+    elif resize == "official":
+        tensors = official_resize(tensors, model.state_dict())
+    model.load_state_dict(tensors, strict=False)  # the index/mask buffers are the model's own, as both loaders do
+    left = set(dict(model.named_parameters())) - set(tensors)
+    if left:
+        raise ValueError(f"the reference loader set no value for {sorted(left)}")
+
+
+def eval_logits(model: torch.nn.Module, images: np.ndarray) -> np.ndarray:
+    """`model`'s logits on `images` in eval mode (the model is left in train mode, as the trainer keeps it)."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(torch.from_numpy(np.ascontiguousarray(images))).numpy()
+    finally:
+        model.train()
+
+
 def load_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -> None:
     """Set every parameter from timm-named arrays (convert.to_timm); every parameter must be given."""
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in state.items()}
