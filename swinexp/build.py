@@ -173,8 +173,10 @@ def _with_card(plan: Plan, hw: HardwareCfg) -> Plan:
 def build_eval_transform(plan: Plan) -> EvalTransform:
     """The validation transform of `plan.data` (resize, center crop, normalize), without reading the data root."""
     data = plan.section("data")
-    crop_pct = data.get("crop_pct", inspect.signature(DATASETS.get(data["name"])).parameters["crop_pct"].default)
-    return EvalTransform(int(data["img_size"]), float(crop_pct))
+    defaults = inspect.signature(DATASETS.get(data["name"])).parameters
+    crop_pct = data.get("crop_pct", defaults["crop_pct"].default)
+    crop_mode = data.get("crop_mode", defaults["crop_mode"].default)
+    return EvalTransform(int(data["img_size"]), float(crop_pct), crop_mode=str(crop_mode))
 
 
 def _data_and_augment(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -73,6 +73,14 @@ def test_bad_folders_fail_with_a_clear_error(tmp_path: Path, layout: dict, messa
         imagefolder(str(tmp_path), num_classes=2)
 
 
+def test_crop_mode_reaches_the_val_loader_and_a_bad_one_names_the_choices(tmp_path: Path) -> None:
+    _write_folder(tmp_path, {"train": {"a": 1, "b": 1}, "val": {"a": 1, "b": 1}})
+    spec = imagefolder(str(tmp_path), img_size=16, batch_size=2, num_workers=1, crop_pct=1.0, crop_mode="squash")
+    assert build_loaders(spec, light(16).transform, seed=0)[1]._source.per_image.transform.crop_mode == "squash"
+    with pytest.raises(ConfigError, match=r"data.crop_mode='squish'.*center, squash.*Did you mean 'squash'"):
+        imagefolder(str(tmp_path), crop_mode="squish")
+
+
 def test_imagefolder_class_count_must_match_num_classes(tmp_path: Path) -> None:
     _write_folder(tmp_path, {"train": {"a": 1, "b": 1}, "val": {"a": 1, "b": 1}})
     with pytest.raises(ConfigError, match="set data.num_classes=2"):

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 
 from swinexp.amp import AmpPolicy
-from swinexp.build import build_model, resolve
+from swinexp.build import build_eval_transform, build_model, resolve
 from swinexp.config import read
 from swinexp.data.transforms import EvalTransform
 from swinexp.engine.step import make_train_step
@@ -349,11 +349,12 @@ def test_freeze_keeps_the_prefixes_out_of_training() -> None:
 # --- presets, sweep, packaging ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("preset,model,img,window,crop,drop", [
-    ("swin_base_384_ft", "swin_base_384", 384, 12, 1.0, 0.5), ("swin_22kto1k_ft", "swin_base", 224, 7, 0.875, 0.2)])
+@pytest.mark.parametrize("preset,model,img,window,crop,mode,drop", [
+    ("swin_base_384_ft", "swin_base_384", 384, 12, 1.0, "squash", 0.5),  # TEST.CROP False
+    ("swin_22kto1k_ft", "swin_base", 224, 7, 0.875, "center", 0.2)])
 def test_presets_hold_the_official_finetune_recipe_and_dry_run_on_ascend8(
         compose: Callable[..., DictConfig], tmp_path: Path, preset: str, model: str, img: int, window: int,
-        crop: float, drop: float) -> None:
+        crop: float, mode: str, drop: float) -> None:
     from swinexp.app.dry_run import dry_run
 
     root = tmp_path / "in1k"
@@ -364,7 +365,9 @@ def test_presets_hold_the_official_finetune_recipe_and_dry_run_on_ascend8(
     plan = read(compose(f"experiment={preset}", "hardware=ascend8", f"data.root={root}", "data.num_classes=2",
                         "model.pretrained=w224.pth", smoke=False))
     assert (plan.get("model.name"), plan.get("model.img_size"), plan.get("model.window_size"),
-            plan.get("data.crop_pct"), plan.get("model.drop_path_rate")) == (model, img, window, crop, drop)
+            plan.get("data.crop_pct"), plan.get("data.crop_mode"), plan.get("model.drop_path_rate")) == (
+        model, img, window, crop, mode, drop)
+    assert build_eval_transform(plan).crop_mode == mode  # what evaluate and predict read back from a saved run
     assert (plan.get("optimizer.lr"), plan.get("optimizer.weight_decay"), plan.trainer.epochs,
             plan.trainer.clip_grad, plan.trainer.lr_batch_size) == (2e-5, 1e-8, 30, 5.0, 512)
     assert plan.get("scheduler") == {"name": "warmup_cosine", "warmup_epochs": 5, "warmup_lr": 2e-8, "min_lr": 2e-7}

@@ -71,6 +71,19 @@ def test_the_swin_recipe_maps_to_mindspore_ops_with_its_numbers() -> None:
         native_of(swin(32, auto_augment="augmix-m5-w4-d2").transform)
 
 
+@pytest.mark.parametrize("width,height", [(500, 375), (300, 460)])
+def test_native_squash_resizes_both_sides_as_the_exact_one(width: int, height: int) -> None:
+    yy, xx = np.mgrid[0:height, 0:width]  # smooth, so OpenCV's and PIL's bicubic kernels agree within a level
+    img = Image.fromarray(np.stack([xx * 255 / width, yy * 255 / height, (xx + yy) * 127 / (width + height)],
+                                   axis=-1).astype(np.uint8))
+    exact = EvalTransform(64, 1.0, crop_mode="squash")
+    squashed = native_of(exact).pixels(img).astype(np.int16)
+    assert squashed.shape == exact.pixels(img).shape == (64, 64, 3)
+    assert np.abs(squashed - exact.pixels(img)).max() <= 2
+    centered = native_of(EvalTransform(64, 1.0)).pixels(img)
+    assert np.abs(centered - exact.pixels(img).astype(np.int16)).mean() > 4  # the center crop loses the long side
+
+
 def _by_index(loader: Loader, epoch: int) -> dict[int, np.ndarray]:
     """uint8 pixels of one epoch's raw batches, keyed by sample (the epoch-carrying index mod N)."""
     out = {}

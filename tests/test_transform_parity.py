@@ -44,6 +44,21 @@ def test_eval_transform_equals_timms_eval_transform(tmp_path, width: int, height
     assert np.array_equal(ours, expected)
 
 
+@pytest.mark.parametrize("width,height,crop_pct", [(500, 375, 1.0), (300, 460, 1.0), (500, 375, 0.875)])
+def test_squash_eval_transform_equals_timms_squash_and_differs_from_center(tmp_path, width: int, height: int,
+                                                                          crop_pct: float) -> None:
+    path = _jpeg(tmp_path, width, height, seed=width)
+    theirs = timm_data.create_transform(64, is_training=False, interpolation="bicubic", crop_pct=crop_pct,
+                                        crop_mode="squash")
+    with open(path, "rb") as f:
+        expected = theirs(Image.open(f).convert("RGB")).numpy()
+    img = load_rgb(path)
+    ours = EvalTransform(64, crop_pct, crop_mode="squash")(img)
+    assert ours.shape == expected.shape == (3, 64, 64)
+    assert np.array_equal(ours, expected)
+    assert np.abs(ours - EvalTransform(64, crop_pct)(img)).mean() > 0.1  # center crops: a different view
+
+
 def test_normalization_equals_torchvisions_to_tensor_and_normalize(tmp_path) -> None:
     img = load_rgb(_jpeg(tmp_path, 64, 48, seed=1))
     expected = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)(transforms.ToTensor()(img)).numpy()

@@ -12,6 +12,7 @@ from typing import Any
 
 from swinexp.data.folder import Sample, read_class_index, scan_image_folder
 from swinexp.data.synthetic import SHAPES, generate
+from swinexp.data.transforms import check_crop_mode
 from swinexp.registry import DATASETS, ConfigError, check_kwargs
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class DataSpec:
     crop_pct: float
     python_multiprocessing: bool = True  # workers as processes (True) or threads
     pipeline: str = "exact"  # per-image transforms: exact (timm's pixels) | native (MindSpore's vision operations)
+    crop_mode: str = "center"  # eval resize: center (keep the aspect ratio) | squash (both sides to one size)
 
     @property
     def num_classes(self) -> int:
@@ -47,8 +49,9 @@ def check_pipeline(pipeline: str) -> None:
 
 
 def _check_loader_args(batch_size: int, num_workers: int, img_size: int, crop_pct: float,
-                       pipeline: str = "exact") -> None:
+                       pipeline: str = "exact", crop_mode: str = "center") -> None:
     check_pipeline(pipeline)
+    check_crop_mode(crop_mode)
     if batch_size < 1:
         raise ConfigError(f"data.batch_size={batch_size} must be >= 1 (it is the per-device batch)")
     if num_workers < 1:
@@ -94,7 +97,7 @@ def check_data_args(node: Mapping[str, Any]) -> None:
     args.apply_defaults()
     values = args.arguments
     _check_loader_args(values["batch_size"], values["num_workers"], values["img_size"], values["crop_pct"],
-                       values.get("pipeline", "exact"))
+                       values.get("pipeline", "exact"), values.get("crop_mode", "center"))
     root = signature.parameters.get("root")
     if root is not None and root.default is inspect.Parameter.empty and not Path(values["root"]).is_dir():
         raise ConfigError(
@@ -110,10 +113,10 @@ def default_cache_dir() -> Path:
 @DATASETS.register("imagefolder")
 def imagefolder(root: str, num_classes: int | None = None, img_size: int = 224, batch_size: int = 64,
                 num_workers: int = 4, crop_pct: float = 0.875, train_split: str = "train", val_split: str = "val",
-                class_index: str | None = None, pipeline: str = "exact") -> DataSpec:
+                class_index: str | None = None, pipeline: str = "exact", crop_mode: str = "center") -> DataSpec:
     """ImageNet layout `<root>/{train,val}/<class>/<image>`; num_classes=None takes the number of class folders,
     a number must equal it. Labels follow the sorted class folder names, or the order of the `class_index` file."""
-    _check_loader_args(batch_size, num_workers, img_size, crop_pct, pipeline)
+    _check_loader_args(batch_size, num_workers, img_size, crop_pct, pipeline, crop_mode)
     if not Path(root).is_dir():
         raise ConfigError(f"data.root='{root}' does not exist; point it at a folder holding {train_split}/ and "
                           f"{val_split}/")
@@ -125,23 +128,23 @@ def imagefolder(root: str, num_classes: int | None = None, img_size: int = 224, 
             f"set data.num_classes={len(classes)}, or data.num_classes=null to count the class folders"
         )
     return DataSpec(Path(root), tuple(classes), tuple(train), tuple(val), img_size, batch_size,
-                    clamp_workers(num_workers), crop_pct, pipeline=pipeline)
+                    clamp_workers(num_workers), crop_pct, pipeline=pipeline, crop_mode=crop_mode)
 
 
 @DATASETS.register("imagenet")
 def imagenet(root: str, num_classes: int | None = 1000, img_size: int = 224, batch_size: int = 128,
              num_workers: int = 8, crop_pct: float = 0.875, class_index: str | None = None,
-             pipeline: str = "exact") -> DataSpec:
+             pipeline: str = "exact", crop_mode: str = "center") -> DataSpec:
     """ImageNet-1k (`<root>/train/<wnid>/`, `<root>/val/<wnid>/`): the imagefolder reader with ImageNet's numbers.
     num_classes stays 1000 so a half-copied ImageNet fails; a subset sets its count or null."""
     return imagefolder(root, num_classes, img_size, batch_size, num_workers, crop_pct, "train", "val", class_index,
-                       pipeline)
+                       pipeline, crop_mode)
 
 
 @DATASETS.register("synthetic")
 def synthetic(root: str | None = None, num_train: int = 2000, num_val: int = 500, num_classes: int = 10,
               img_size: int = 64, batch_size: int = 64, num_workers: int = 1, crop_pct: float = 1.0,
-              generator_seed: int = 0, pipeline: str = "exact") -> DataSpec:
+              generator_seed: int = 0, pipeline: str = "exact", crop_mode: str = "center") -> DataSpec:
     """Shapes drawn into JPEG files on first use (deterministic), then read like any ImageFolder."""
     if not 2 <= num_classes <= len(SHAPES):
         raise ConfigError(f"data.num_classes={num_classes}: the synthetic set draws 2..{len(SHAPES)} shape classes")
@@ -150,12 +153,13 @@ def synthetic(root: str | None = None, num_train: int = 2000, num_val: int = 500
     key = f"synthetic-s{generator_seed}-c{num_classes}-n{num_train}-v{num_val}-px{img_size}"
     folder = generate(Path(root) if root else default_cache_dir() / key, num_train, num_val, num_classes,
                       img_size, generator_seed)
-    return imagefolder(str(folder), num_classes, img_size, batch_size, num_workers, crop_pct, pipeline=pipeline)
+    return imagefolder(str(folder), num_classes, img_size, batch_size, num_workers, crop_pct, pipeline=pipeline,
+                       crop_mode=crop_mode)
 
 
 @DATASETS.register("cifar10_folder")
 def cifar10_folder(root: str, num_classes: int = 10, img_size: int = 32, batch_size: int = 128, num_workers: int = 2,
-                   crop_pct: float = 1.0, pipeline: str = "exact") -> DataSpec:
+                   crop_pct: float = 1.0, pipeline: str = "exact", crop_mode: str = "center") -> DataSpec:
     """CIFAR-10 as JPEG class folders, `<root>/train/<class>/*.jpg` and `<root>/test/<class>/*.jpg` (test = val)."""
     return imagefolder(root, num_classes, img_size, batch_size, num_workers, crop_pct, train_split="train",
-                       val_split="test", pipeline=pipeline)
+                       val_split="test", pipeline=pipeline, crop_mode=crop_mode)

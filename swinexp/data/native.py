@@ -121,8 +121,10 @@ def native_train(transform: TrainTransform) -> NativeTransform:
 
 
 def native_eval(transform: EvalTransform) -> NativeTransform:
-    """Decode, resize the short side to floor(img_size / crop_pct), center-crop img_size: timm's eval recipe."""
-    resize = math.floor(transform.img_size / transform.crop_pct)
+    """Decode, resize the short side (crop_mode 'squash': both sides) to floor(img_size / crop_pct), center-crop
+    img_size: timm's eval recipe."""
+    side = math.floor(transform.img_size / transform.crop_pct)
+    resize = (side, side) if transform.crop_mode == "squash" else side  # an int: the short side
     ops = (vision.Decode(), vision.Resize(resize, _interpolation(transform.interpolation)),
            vision.CenterCrop(transform.img_size))
     return NativeTransform(ops, transform.img_size, transform.mean, transform.std)

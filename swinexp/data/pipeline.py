@@ -259,7 +259,7 @@ def build_loaders(spec: DataSpec, train_transform: PixelTransform, seed: int, ta
     if isinstance(targets, Mixup) and targets.mode == "pair" and spec.batch_size % 2:
         raise ConfigError(f"data.augment.mixup_mode=pair mixes image i with B-1-i and needs an even "
                           f"data.batch_size, got {spec.batch_size}")
-    eval_transform = EvalTransform(spec.img_size, spec.crop_pct)
+    eval_transform = EvalTransform(spec.img_size, spec.crop_pct, crop_mode=spec.crop_mode)
     if spec.pipeline == "native":
         train_transform, eval_transform = native_of(train_transform), native_of(eval_transform)
     train = Loader(spec.train, train_transform, spec.batch_size, spec.num_workers, seed, targets,

@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import get_close_matches
 from typing import Protocol
 
 import numpy as np
 from PIL import Image, ImageEnhance
+
+from swinexp.registry import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -24,6 +27,9 @@ INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,
 }
 TRAIN_INTERPOLATIONS = (*INTERPOLATIONS, "random")  # random: bilinear or bicubic per image, as timm
+# eval resize before the center crop, timm's crop_mode: center keeps the aspect ratio (short side to
+# img_size / crop_pct); squash resizes both sides to it (crop_pct 1: the official Swin's TEST.CROP False)
+CROP_MODES = ("center", "squash")
 
 
 class Transform(Protocol):
@@ -37,6 +43,15 @@ class PixelTransform(Transform, Protocol):
     std: tuple[float, ...]
 
     def pixels(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray: ...
+
+
+def check_crop_mode(crop_mode: str) -> None:
+    if crop_mode not in CROP_MODES:
+        hint = get_close_matches(str(crop_mode), CROP_MODES, n=1)
+        raise ConfigError(f"data.crop_mode='{crop_mode}' is not an eval crop mode; choose one of: "
+                          f"{', '.join(CROP_MODES)} (center: keep the aspect ratio, crop the middle; squash: resize "
+                          "both sides to img_size / crop_pct, then crop)"
+                          + (f". Did you mean '{hint[0]}'?" if hint else ""))
 
 
 def pixels_of(img: Image.Image) -> np.ndarray:
@@ -61,13 +76,18 @@ def to_normalized_chw(img: Image.Image, mean: Sequence[float] = IMAGENET_MEAN,
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """Resize the short side to int(img_size / crop_pct), center-crop img_size (timm's eval transform)."""
+    """Resize to floor(img_size / crop_pct), center-crop img_size (timm's eval transform): the short side
+    (crop_mode 'center') or both sides (crop_mode 'squash', aspect ratio not kept)."""
 
     img_size: int
     crop_pct: float = 0.875
     interpolation: str = "bicubic"
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
+    crop_mode: str = "center"
+
+    def __post_init__(self) -> None:
+        check_crop_mode(self.crop_mode)
 
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> np.ndarray:
         return to_normalized_chw(self.pil(img), self.mean, self.std)
@@ -79,7 +99,9 @@ class EvalTransform:
         """The resized, center-cropped image."""
         scale_size = math.floor(self.img_size / self.crop_pct)
         w, h = img.size
-        if w <= h:
+        if self.crop_mode == "squash":
+            new_w, new_h = scale_size, scale_size
+        elif w <= h:
             new_w, new_h = scale_size, int(scale_size * h / w)
         else:
             new_w, new_h = int(scale_size * w / h), scale_size

@@ -46,7 +46,8 @@ log = logging.getLogger("swinexp")
 # dotted config keys that never reach a compiled graph: the random draws are inputs of the step (models/randomness),
 # targets and augmentation are made on the host, the rest is bookkeeping
 HOST_ONLY = ("seed", "tracking", "debug", "dry_run", "inspect", "optimized_metric",
-             "data.root", "data.num_workers", "data.augment", "data.pipeline", "data.crop_pct", "data.generator_seed",
+             "data.root", "data.num_workers", "data.augment", "data.pipeline", "data.crop_pct", "data.crop_mode",
+             "data.generator_seed",
              "trainer.stop_after_epoch", "trainer.progress_bar", "trainer.resume", "trainer.resume_force",
              "trainer.checkpoint", "trainer.max_nonfinite", "trainer.profile", "trainer.label_smoothing",
              "hardware.master_addr", "hardware.master_port", "hardware.node_rank", "hardware.log_dir",
