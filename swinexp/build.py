@@ -23,10 +23,10 @@ from swinexp.data.native import native_of
 from swinexp.data.pipeline import EpochSampler
 from swinexp.data.transforms import EvalTransform
 from swinexp.engine.experiment import Experiment, start_params
-from swinexp.models import fused_cpu
+from swinexp.models import factory, fused_cpu
 from swinexp.models.swin import check_resolution
 from swinexp.optim import lr_scale
-from swinexp.registry import AMP_POLICIES, MODELS, OPTIMIZERS, SCHEDULERS, ConfigError, import_modules
+from swinexp.registry import AMP_POLICIES, OPTIMIZERS, SCHEDULERS, ConfigError, import_modules
 from swinexp.runtime import chips, hardware
 from swinexp.runtime.launch import is_worker, rank, world_size
 from swinexp.tracking import NullTracker, Tracker
@@ -124,7 +124,7 @@ def check_native_recipe(plan: Plan) -> None:
 def build_model(plan: Plan) -> nn.Cell:
     """The model of `plan.model`; an error about a key the model takes from the data names the data key to change."""
     try:
-        return MODELS.build(plan.section("model"))
+        return factory.build_model(plan.section("model"))
     except ConfigError as err:
         raise _naming_the_followed_key(plan, err) from err
 

@@ -432,3 +432,24 @@ def test_build_model_reads_the_finetune_keys(compose: Callable[..., DictConfig],
                                         "model.pretrained_resize=timm", "model.freeze=[layers.0]")))
     assert len(model.pretrained_report.resized) == 4 and model.frozen
     assert all(line.endswith(" timm") for line in model.pretrained_report.resized)
+
+
+def test_a_plugin_model_built_from_swin_config_keys_loads_and_freezes_after_its_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's `def my_swin(**overrides): return SwinTransformer(**overrides)` gets the weight keys of
+    conf/model/base_swin.yaml applied after its build (its SwinTransformer takes no such keyword)."""
+    from swinexp.models.factory import build_model as build_section
+    from swinexp.models.factory import model_defaults
+    from swinexp.models.swin import SwinTransformer
+    from swinexp.registry import MODELS
+
+    monkeypatch.setitem(MODELS._items, "plugin_swin", lambda **overrides: SwinTransformer(**overrides))
+    source = create_model("swin_micro", num_classes=10)
+    path = write_ckpt(model_state(source), tmp_path / "micro.ckpt")
+    section = {**model_defaults("swin_micro"), "name": "plugin_swin", "num_classes": 10, "pretrained": str(path),
+               "freeze": ["patch_embed"]}
+    model = build_section(section)
+    assert model.pretrained_report.head == "loaded"
+    assert all(np.array_equal(model_state(model)[k], v) for k, v in model_state(source).items())
+    assert model.frozen and all(name.startswith("patch_embed.") for name in model.frozen)
+    assert not any(p.name.startswith("patch_embed.") for p in model.trainable_params())

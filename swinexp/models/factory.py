@@ -1,14 +1,17 @@
 """`create_model`: the Python entry point, built from the same registry and `conf/model/<name>.yaml` as `run.py`."""
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from mindspore import nn
 
 from swinexp.config import CONF_DIR, option_values
+from swinexp.models.pretrained import LOAD_DEFAULTS, prepare
 from swinexp.registry import MODELS, ConfigError
 
-__all__ = ["MODEL_CONF_DIR", "create_model", "model_defaults"]
+__all__ = ["MODEL_CONF_DIR", "build_model", "create_model", "model_defaults"]
 
 MODEL_CONF_DIR = CONF_DIR / "model"
 
@@ -55,6 +58,19 @@ def create_model(name: str, pretrained: str | None = None, num_classes: int = 10
     Raises:
         ConfigError: Unknown name or parameter, invalid value, or a weight file that does not fit.
     """
-    weights = {"pretrained": pretrained} if pretrained else {}  # a plugin's builder need not take `pretrained`
+    weights = {"pretrained": pretrained} if pretrained else {}
     kwargs = {**model_defaults(name), "num_classes": num_classes, **weights, **overrides}
-    return MODELS.build({"name": name, **kwargs})
+    return build_model({"name": name, **kwargs})
+
+
+def build_model(section: Mapping[str, Any]) -> nn.Cell:
+    """`MODELS.build(section)`; the weight keys (`pretrained`, `pretrained_resize`, `head_init`, `freeze`) go to a
+    builder that names them (swinexp's own), and are applied after the build for one that does not (a plugin's
+    `def my_swin(**overrides)`: its SwinTransformer takes no such keys), so every model loads and freezes alike."""
+    builder = MODELS.get(str(section["name"]))
+    named = inspect.signature(builder).parameters
+    after = {k: section[k] for k in LOAD_DEFAULTS if k in section and k not in named}
+    model = MODELS.build({k: v for k, v in section.items() if k not in after})
+    if after:
+        prepare(model, **after)
+    return model
