@@ -192,6 +192,8 @@ def test_named_sweep_screens_and_its_documented_command_continues_a_child(tmp_pa
     experiment = client.get_experiment_by_name("swinexp").experiment_id
     (child,) = client.search_runs([experiment], "tags.`sweep.job` = '0'")
     assert child.info.status == "FINISHED" and child.data.tags["stopped_after_epoch"] == "1"
+    (parent,) = client.search_runs([experiment], "tags.`sweep.role` = 'parent'")
+    assert parent.info.run_name == "sweep seed=0"  # the seeds the named sweep resolved to, as values
     assert [m.step for m in client.get_metric_history(child.info.run_id, "val/top1")] == [1]
 
     # the command the sweep files give: the job's overrides + stop null, hydra.mode=RUN, its run dir

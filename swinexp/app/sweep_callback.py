@@ -25,6 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from swinexp.app import sweep_design
+from swinexp.app.sweep_identity import normalised
 from swinexp.app.sweep_record import OpenSweep, open_sweep
 from swinexp.registry import ConfigError
 from swinexp.tracking import FAILED_JOBS_TAG, MlflowTracker, open_tracker
@@ -66,12 +67,12 @@ def override_key(override: str) -> str:
 def sweep_overrides(config: DictConfig) -> list[str]:
     """The sweeping overrides of a multirun: from the command line and from `hydra.sweeper.params`."""
     parser = OverridesParser.create()
-    given = list(config.hydra.overrides.task)
     params = config.hydra.sweeper.get("params")
-    if params:
-        # resolved: a named sweep's `seed: range(0,${seeds})` is a sweep of the values `seeds` gives
-        given += [f"{key}={value}" for key, value in OmegaConf.to_container(params, resolve=True).items()]
-    return [o for o, parsed in zip(given, parser.parse_overrides(given)) if parsed.is_sweep_override()]
+    # resolved: a named sweep's `seed: range(0,${seeds})` is a sweep of the values `seeds` gives
+    given = [f"{key}={value}" for key, value in OmegaConf.to_container(params, resolve=True).items()] if params else []
+    given += list(config.hydra.overrides.task)
+    last = {parsed.key_or_group: (o, parsed) for o, parsed in zip(given, parser.parse_overrides(given))}
+    return [o for o, parsed in last.values() if parsed.is_sweep_override()]  # the command line wins, as in the sweeper
 
 
 def sweep_of(hydra_cfg: DictConfig) -> SweepInfo | None:
@@ -200,7 +201,8 @@ class SweepCallback(Callback):
         record = self.opened.record
         continued = (record.parent_run_id if record else None) or continued_parent_run(config.hydra.sweeper,
                                                                                        self.sweep_dir)
-        parent = self.tracker.start(f"sweep {' '.join(sweeps)}"[:250], {
+        shown = [normalised(o) for o in OverridesParser.create().parse_overrides(sweeps)]  # seed=0,1,2, not range()
+        parent = self.tracker.start(f"sweep {' '.join(shown)}"[:250], {
             "sweep.role": "parent", "sweep.keys": ",".join(keys), "sweep.dir": str(self.sweep_dir),
             "overrides": " ".join(config.hydra.overrides.task)}, run_id=continued)
         self.continued = continued is not None
