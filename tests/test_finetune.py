@@ -70,36 +70,10 @@ def _torch() -> Any:
 
 
 def official_resize(state: dict[str, Any], model_state: dict[str, Any]) -> dict[str, Any]:
-    """microsoft/Swin-Transformer utils.py load_pretrained (f82860b), its resize part, on torch tensors."""
-    import torch
+    """microsoft/Swin-Transformer utils.py load_pretrained's resize, on torch tensors: the copy the parity tool uses."""
+    from swinexp.parity.reference import official_resize as reference_resize
 
-    state = dict(state)
-    for k in [k for k in state if "relative_position_bias_table" in k]:
-        relative_position_bias_table_pretrained = state[k]
-        relative_position_bias_table_current = model_state[k]
-        L1, nH1 = relative_position_bias_table_pretrained.size()  # noqa: N806 - the official names
-        L2, nH2 = relative_position_bias_table_current.size()  # noqa: N806
-        if nH1 == nH2 and L1 != L2:
-            S1 = int(L1 ** 0.5)  # noqa: N806
-            S2 = int(L2 ** 0.5)  # noqa: N806
-            relative_position_bias_table_pretrained_resized = torch.nn.functional.interpolate(
-                relative_position_bias_table_pretrained.permute(1, 0).view(1, nH1, S1, S1), size=(S2, S2),
-                mode='bicubic')
-            state[k] = relative_position_bias_table_pretrained_resized.view(nH2, L2).permute(1, 0)
-    for k in [k for k in state if "absolute_pos_embed" in k]:
-        absolute_pos_embed_pretrained = state[k]
-        _, L1, C1 = absolute_pos_embed_pretrained.size()  # noqa: N806
-        _, L2, C2 = model_state[k].size()  # noqa: N806
-        if L1 != L2:
-            S1 = int(L1 ** 0.5)  # noqa: N806
-            S2 = int(L2 ** 0.5)  # noqa: N806
-            absolute_pos_embed_pretrained = absolute_pos_embed_pretrained.reshape(-1, S1, S1, C1)
-            absolute_pos_embed_pretrained = absolute_pos_embed_pretrained.permute(0, 3, 1, 2)
-            absolute_pos_embed_pretrained_resized = torch.nn.functional.interpolate(
-                absolute_pos_embed_pretrained, size=(S2, S2), mode='bicubic')
-            absolute_pos_embed_pretrained_resized = absolute_pos_embed_pretrained_resized.permute(0, 2, 3, 1)
-            state[k] = absolute_pos_embed_pretrained_resized.flatten(1, 2)
-    return state
+    return reference_resize(state, model_state)
 
 
 def _timm_swin(img_size: int, window_size: int, seed: int = 0) -> Any:
